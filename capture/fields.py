@@ -1,0 +1,161 @@
+"""The field catalogue: the one declaration of every field flowsieve knows.
+
+Offsets in the unpack kernels, Arrow schemas, query validation, ``decode`` headers and the docs
+are all derived from this table; nothing else re-types a field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+# Kinds: how a field is held in numba (column) and in Arrow/Spark.
+INT32, INT64, IP, TS, STRING = "int32", "int64", "ip", "ts", "string"
+
+# NULL in an integer column of a TupleBatch: every catalogue integer is non-negative.
+NULL_INT = -1
+
+ARROW_TYPES = {
+    INT32: pa.int32(),
+    INT64: pa.int64(),
+    IP: pa.binary(),  # 16 bytes; IPv4 as IPv4-mapped (::ffff:a.b.c.d)
+    TS: pa.timestamp("us", tz="UTC"),
+    STRING: pa.string(),
+}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One catalogue field."""
+
+    name: str
+    stream: str  # "packets" or "flows"
+    kind: str  # INT32, INT64, IP, TS, STRING
+    group: str  # protocol-layer group the unpack kernel extracts together
+    cost: float  # unpack cost alone (relative ops)
+    group_cost: float  # marginal cost once its group is unpacked
+    groupable: bool
+    measure: bool
+    doc: str
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        return ARROW_TYPES[self.kind]
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return {INT32: np.dtype(np.int32), INT64: np.dtype(np.int64), TS: np.dtype(np.int64),
+                IP: np.dtype(np.uint8), STRING: np.dtype(object)}[self.kind]
+
+    @property
+    def variable_offset(self) -> bool:
+        """Fields found by walking variable-length data: expensive to unpack and to test."""
+        return self.kind == STRING
+
+
+def _f(name, stream, kind, group, cost, group_cost, groupable, measure, doc):
+    return Field(name, stream, kind, group, cost, group_cost, groupable, measure, doc)
+
+
+P = "packets"
+PACKET_FIELDS: tuple[Field, ...] = (
+    _f("ts", P, TS, "meta", 1, 0, False, False, "capture time (ns in numba, µs in Spark)"),
+    _f("time", P, INT64, "meta", 1, 0, False, False, "epoch seconds, floor(ts)"),
+    _f("iface", P, INT32, "meta", 1, 0, True, False, "pcapng interface id or source index"),
+    _f("caplen", P, INT32, "meta", 1, 0, False, True, "captured length"),
+    _f("wirelen", P, INT32, "meta", 1, 0, False, True, "original length on the wire"),
+    _f("eth_type", P, INT32, "link", 2, 1, True, False, "EtherType after VLAN/MPLS"),
+    _f("vlan", P, INT32, "link", 3, 1, True, False, "outer VLAN id"),
+    _f("vlan_inner", P, INT32, "link", 3, 1, True, False, "inner VLAN id"),
+    _f("mpls_label", P, INT32, "link", 3, 1, True, False, "top MPLS label"),
+    _f("ip_version", P, INT32, "ip", 3, 1, True, False, "4 or 6"),
+    _f("src_ip", P, IP, "ip", 4, 1, True, False, "source address"),
+    _f("dst_ip", P, IP, "ip", 4, 1, True, False, "destination address"),
+    _f("protocol", P, INT32, "ip", 3, 1, True, False,
+       "final upper-layer protocol (after IPv6 extension headers)"),
+    _f("ttl", P, INT32, "ip", 3, 1, True, False, "IPv4 TTL or IPv6 hop limit"),
+    _f("tos", P, INT32, "ip", 3, 1, True, False, "IPv4 TOS or IPv6 traffic class"),
+    _f("ip_id", P, INT32, "ip", 3, 1, True, False, "IPv4 identification / IPv6 fragment id"),
+    _f("frag_offset", P, INT32, "ip", 3, 1, True, False, "fragment offset in bytes"),
+    _f("more_fragments", P, INT32, "ip", 3, 1, True, False, "MF flag (0/1)"),
+    _f("dont_fragment", P, INT32, "ip", 3, 1, True, False, "DF flag (0/1)"),
+    _f("src_port", P, INT32, "l4", 4, 1, True, False, "TCP, UDP or SCTP source port"),
+    _f("dst_port", P, INT32, "l4", 4, 1, True, False, "TCP, UDP or SCTP destination port"),
+    _f("tcp_flags", P, INT32, "l4", 4, 1, True, False, "TCP flags byte (CWR..FIN)"),
+    _f("icmp_type", P, INT32, "l4", 4, 1, True, False, "ICMP / ICMPv6 type"),
+    _f("icmp_code", P, INT32, "l4", 4, 1, True, False, "ICMP / ICMPv6 code"),
+    _f("dns_id", P, INT32, "dns", 5, 1, True, False, "DNS transaction id"),
+    _f("dns_qr", P, INT32, "dns", 5, 1, True, False, "DNS QR bit (0 query, 1 response)"),
+    _f("dns_opcode", P, INT32, "dns", 5, 1, True, False, "DNS opcode"),
+    _f("dns_rcode", P, INT32, "dns", 5, 1, True, False, "DNS response code"),
+    _f("dns_qdcount", P, INT32, "dns", 5, 1, True, False, "DNS question count"),
+    _f("dns_ancount", P, INT32, "dns", 5, 1, True, False, "DNS answer count"),
+    _f("dns_qname", P, STRING, "dns_name", 40, 40, True, False,
+       "first query name, lower case, no trailing dot"),
+)
+
+F = "flows"
+FLOW_FIELDS: tuple[Field, ...] = (
+    _f("exporter", F, IP, "flow", 1, 0, True, False, "exporter address"),
+    _f("observation_domain", F, INT64, "flow", 1, 0, True, False,
+       "v9 source id or IPFIX observation domain"),
+    _f("version", F, INT32, "flow", 1, 0, True, False, "5, 9 or 10"),
+    _f("template_id", F, INT32, "flow", 1, 0, True, False, "template of the record"),
+    _f("first_switched", F, TS, "flow", 1, 0, False, False, "flow start"),
+    _f("last_switched", F, TS, "flow", 1, 0, False, False, "flow end"),
+    _f("export_time", F, TS, "flow", 1, 0, False, False, "export time of the datagram"),
+    _f("time", F, INT64, "flow", 1, 0, False, False, "epoch seconds of first_switched"),
+    _f("ip_version", F, INT32, "flow", 1, 0, True, False, "4 or 6"),
+    _f("src_ip", F, IP, "flow", 1, 0, True, False, "source address"),
+    _f("dst_ip", F, IP, "flow", 1, 0, True, False, "destination address"),
+    _f("next_hop", F, IP, "flow", 1, 0, True, False, "next-hop address"),
+    _f("src_port", F, INT32, "flow", 1, 0, True, False, "source port"),
+    _f("dst_port", F, INT32, "flow", 1, 0, True, False, "destination port"),
+    _f("protocol", F, INT32, "flow", 1, 0, True, False, "IP protocol"),
+    _f("tos", F, INT32, "flow", 1, 0, True, False, "type of service"),
+    _f("tcp_flags", F, INT32, "flow", 1, 0, True, False, "cumulative TCP flags"),
+    _f("icmp_type", F, INT32, "flow", 1, 0, True, False, "ICMP type"),
+    _f("icmp_code", F, INT32, "flow", 1, 0, True, False, "ICMP code"),
+    _f("packets", F, INT64, "flow", 1, 0, False, True, "packets as exported"),
+    _f("bytes", F, INT64, "flow", 1, 0, False, True, "bytes as exported"),
+    _f("sampling_interval", F, INT64, "flow", 1, 0, True, False, "1 when unsampled"),
+    _f("est_packets", F, INT64, "flow", 1, 0, False, True, "packets × sampling_interval"),
+    _f("est_bytes", F, INT64, "flow", 1, 0, False, True, "bytes × sampling_interval"),
+    _f("input_if", F, INT64, "flow", 1, 0, True, False, "input interface index"),
+    _f("output_if", F, INT64, "flow", 1, 0, True, False, "output interface index"),
+    _f("src_as", F, INT64, "flow", 1, 0, True, False, "source AS"),
+    _f("dst_as", F, INT64, "flow", 1, 0, True, False, "destination AS"),
+    _f("src_mask", F, INT32, "flow", 1, 0, True, False, "source prefix length"),
+    _f("dst_mask", F, INT32, "flow", 1, 0, True, False, "destination prefix length"),
+    _f("direction", F, INT32, "flow", 1, 0, True, False, "0 ingress, 1 egress"),
+)
+
+STREAMS: dict[str, dict[str, Field]] = {
+    P: {f.name: f for f in PACKET_FIELDS},
+    F: {f.name: f for f in FLOW_FIELDS},
+}
+
+
+def fields(stream: str) -> dict[str, Field]:
+    """The catalogue of one stream, by field name, in catalogue order."""
+    try:
+        return STREAMS[stream]
+    except KeyError:
+        raise KeyError(f"unknown stream {stream!r} (known: {', '.join(STREAMS)})") from None
+
+
+def groupable(stream: str) -> list[Field]:
+    """Fields a query may group by, in catalogue order (the spool's key columns)."""
+    return [f for f in fields(stream).values() if f.groupable]
+
+
+def measures(stream: str) -> list[Field]:
+    """Fields a query may sum, min, max or average."""
+    return [f for f in fields(stream).values() if f.measure]
+
+
+# Row index of every packets integer field in a TupleBatch's int matrix, in catalogue order.
+PACKET_INT_FIELDS: tuple[str, ...] = tuple(f.name for f in PACKET_FIELDS if f.kind == INT32)
+PACKET_INT_INDEX: dict[str, int] = {name: i for i, name in enumerate(PACKET_INT_FIELDS)}

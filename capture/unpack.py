@@ -1,0 +1,396 @@
+"""Numba unpack kernels: a RawBatch of packet records in, a TupleBatch of catalogue columns out.
+
+One pass per batch decodes link (Ethernet, 802.1Q/802.1ad, MPLS, Linux cooked, raw IP, BSD
+loopback), IPv4, IPv6 (with its extension-header chain), TCP, UDP, SCTP, ICMP/ICMPv6 and the DNS
+header. The DNS groups (header, first query name) are extracted only when the plan asks for them.
+Absent values are NULL: -1 in integer columns (every catalogue integer is non-negative).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numba as nb
+import numpy as np
+import pyarrow as pa
+
+from capture.fields import IP, NULL_INT, PACKET_INT_FIELDS, PACKET_INT_INDEX, STRING, TS, fields
+
+_I = PACKET_INT_INDEX
+C_IFACE, C_CAPLEN, C_WIRELEN = _I["iface"], _I["caplen"], _I["wirelen"]
+C_ETH, C_VLAN, C_VLAN2, C_MPLS = _I["eth_type"], _I["vlan"], _I["vlan_inner"], _I["mpls_label"]
+C_IPV, C_PROTO, C_TTL, C_TOS = _I["ip_version"], _I["protocol"], _I["ttl"], _I["tos"]
+C_IPID, C_FOFF, C_MF, C_DF = _I["ip_id"], _I["frag_offset"], _I["more_fragments"], \
+    _I["dont_fragment"]
+C_SPORT, C_DPORT, C_TCPF = _I["src_port"], _I["dst_port"], _I["tcp_flags"]
+C_ICT, C_ICC = _I["icmp_type"], _I["icmp_code"]
+C_DID, C_DQR, C_DOP, C_DRC, C_DQD, C_DAN = _I["dns_id"], _I["dns_qr"], _I["dns_opcode"], \
+    _I["dns_rcode"], _I["dns_qdcount"], _I["dns_ancount"]
+
+QNAME_STRIDE = 1024  # 255 bytes of name, each byte at most 4 characters (\DDD escapes)
+LINKTYPES = {0: "NULL", 1: "ETHERNET", 101: "RAW", 108: "LOOP", 113: "LINUX_SLL",
+             276: "LINUX_SLL2", 12: "RAW"}
+DNS_PORTS = (53, 5353)
+
+
+@nb.njit(cache=True, inline="always")
+def _be16(buf, p):
+    return (np.int32(buf[p]) << 8) | np.int32(buf[p + 1])
+
+
+@nb.njit(cache=True, inline="always")
+def _be32(buf, p):
+    return (np.int64(buf[p]) << 24) | (np.int64(buf[p + 1]) << 16) | \
+        (np.int64(buf[p + 2]) << 8) | np.int64(buf[p + 3])
+
+
+@nb.njit(cache=True)
+def _qname(buf, dns, end, out, row):
+    """Write the first query name at dns+12 into out[row]; return its length or -1."""
+    q = dns + 12
+    n = 0
+    hops = 0
+    raw = 0
+    while True:
+        if q >= end:
+            return -1
+        ln = np.int32(buf[q])
+        if ln == 0:
+            return n
+        if (ln & 0xC0) == 0xC0:  # compression pointer (rare in a question; followed, bounded)
+            if q + 1 >= end:
+                return -1
+            q = dns + (((ln & 0x3F) << 8) | np.int32(buf[q + 1]))
+            hops += 1
+            if hops > 16:
+                return -1
+            continue
+        if (ln & 0xC0) != 0 or q + 1 + ln > end:
+            return -1
+        raw += ln + 1
+        if raw > 255:
+            return -1
+        if n > 0:
+            out[row, n] = 46  # '.'
+            n += 1
+        for k in range(q + 1, q + 1 + ln):
+            c = np.int32(buf[k])
+            if 65 <= c <= 90:
+                c += 32
+            if c == 46 or c == 92:  # '.' or '\' inside a label
+                out[row, n] = 92
+                out[row, n + 1] = c
+                n += 2
+            elif c < 33 or c > 126:  # dig's \DDD for bytes that are not printable ASCII
+                out[row, n] = 92
+                out[row, n + 1] = 48 + c // 100
+                out[row, n + 2] = 48 + (c // 10) % 10
+                out[row, n + 3] = 48 + c % 10
+                n += 4
+            else:
+                out[row, n] = c
+                n += 1
+        q += 1 + ln
+
+
+@nb.njit(cache=True)
+def _dns(buf, d, end, ints, i, want_qname, qn_len, qn_buf):
+    if d + 12 > end:
+        return
+    flags = _be16(buf, d + 2)
+    ints[C_DID, i] = _be16(buf, d)
+    ints[C_DQR, i] = (flags >> 15) & 1
+    ints[C_DOP, i] = (flags >> 11) & 0xF
+    ints[C_DRC, i] = flags & 0xF
+    qd = _be16(buf, d + 4)
+    ints[C_DQD, i] = qd
+    ints[C_DAN, i] = _be16(buf, d + 6)
+    if want_qname and qd > 0:
+        qn_len[i] = _qname(buf, d, end, qn_buf, i)
+
+
+@nb.njit(cache=True)
+def _l4(buf, p, end, proto, ints, i, want_dns, want_qname, qn_len, qn_buf):
+    if proto == 6 or proto == 17 or proto == 132:
+        if p + 4 > end:
+            return
+        sp = _be16(buf, p)
+        dp = _be16(buf, p + 2)
+        ints[C_SPORT, i] = sp
+        ints[C_DPORT, i] = dp
+        if proto == 6:
+            if p + 14 > end:
+                return
+            ints[C_TCPF, i] = buf[p + 13]
+            if want_dns and (sp == 53 or dp == 53 or sp == 5353 or dp == 5353):
+                doff = (np.int64(buf[p + 12]) >> 4) * 4
+                if doff >= 20 and p + doff + 2 + 12 <= end:
+                    _dns(buf, p + doff + 2, end, ints, i, want_qname, qn_len, qn_buf)
+        elif proto == 17:
+            if want_dns and (sp == 53 or dp == 53 or sp == 5353 or dp == 5353):
+                _dns(buf, p + 8, end, ints, i, want_qname, qn_len, qn_buf)
+    elif proto == 1 or proto == 58:
+        if p + 2 > end:
+            return
+        ints[C_ICT, i] = buf[p]
+        ints[C_ICC, i] = buf[p + 1]
+
+
+@nb.njit(cache=True)
+def unpack_packets(buf, offset, caplen, wirelen, linktype, iface, want_dns, want_qname,
+                   ints, src, dst, qn_len, qn_buf):
+    """Decode every record of a batch into the caller-allocated columns (NULL = -1)."""
+    for i in range(offset.shape[0]):
+        p = offset[i]
+        end = p + caplen[i]
+        ints[C_IFACE, i] = iface
+        ints[C_CAPLEN, i] = caplen[i]
+        ints[C_WIRELEN, i] = wirelen[i]
+        et = -1
+        # --- link layer
+        if linktype == 1:
+            if p + 14 > end:
+                continue
+            et = _be16(buf, p + 12)
+            p += 14
+        elif linktype == 113:
+            if p + 16 > end:
+                continue
+            et = _be16(buf, p + 14)
+            p += 16
+        elif linktype == 276:
+            if p + 20 > end:
+                continue
+            et = _be16(buf, p)
+            p += 20
+        elif linktype == 101 or linktype == 12:
+            if p + 1 > end:
+                continue
+            v = buf[p] >> 4
+            et = 0x0800 if v == 4 else (0x86DD if v == 6 else -1)
+        elif linktype == 0 or linktype == 108:
+            if p + 4 > end:
+                continue
+            if linktype == 0:  # host byte order of the capturing machine: accept either
+                fam = np.int64(buf[p]) | np.int64(buf[p + 3])
+            else:
+                fam = np.int64(buf[p + 3])
+            et = 0x0800 if fam == 2 else (0x86DD if fam == 10 or fam == 24 or fam == 28
+                                          or fam == 30 else -1)
+            p += 4
+        else:
+            continue
+        # --- VLAN tags (802.1Q, 802.1ad, old QinQ)
+        while (et == 0x8100 or et == 0x88A8 or et == 0x9100) and p + 4 <= end:
+            tci = _be16(buf, p) & 0x0FFF
+            if ints[C_VLAN, i] < 0:
+                ints[C_VLAN, i] = tci
+            elif ints[C_VLAN2, i] < 0:
+                ints[C_VLAN2, i] = tci
+            et = _be16(buf, p + 2)
+            p += 4
+        # --- MPLS label stack; the payload's first nibble tells IPv4 from IPv6
+        if et == 0x8847 or et == 0x8848:
+            while p + 4 <= end:
+                if ints[C_MPLS, i] < 0:
+                    ints[C_MPLS, i] = np.int32(_be32(buf, p) >> 12)
+                bos = buf[p + 2] & 1
+                p += 4
+                if bos:
+                    break
+            if p < end:
+                v = buf[p] >> 4
+                if v == 4:
+                    et = 0x0800
+                elif v == 6:
+                    et = 0x86DD
+        ints[C_ETH, i] = et
+        # --- network layer
+        if et == 0x0800:
+            if p + 20 > end or (buf[p] >> 4) != 4:
+                continue
+            ihl = np.int64(buf[p] & 0x0F) * 4
+            if ihl < 20:
+                continue
+            tot = _be16(buf, p + 2)
+            ff = _be16(buf, p + 6)
+            proto = np.int32(buf[p + 9])
+            ints[C_IPV, i] = 4
+            ints[C_TOS, i] = buf[p + 1]
+            ints[C_IPID, i] = _be16(buf, p + 4)
+            ints[C_DF, i] = (ff >> 14) & 1
+            ints[C_MF, i] = (ff >> 13) & 1
+            foff = (ff & 0x1FFF) * 8
+            ints[C_FOFF, i] = foff
+            ints[C_TTL, i] = buf[p + 8]
+            ints[C_PROTO, i] = proto
+            src[i, 10] = 0xFF
+            src[i, 11] = 0xFF
+            dst[i, 10] = 0xFF
+            dst[i, 11] = 0xFF
+            for k in range(4):
+                src[i, 12 + k] = buf[p + 12 + k]
+                dst[i, 12 + k] = buf[p + 16 + k]
+            l4end = end
+            if tot >= ihl and p + tot < end:  # drop Ethernet trailer padding
+                l4end = p + tot
+            if foff == 0 and p + ihl <= l4end:
+                _l4(buf, p + ihl, l4end, proto, ints, i, want_dns, want_qname, qn_len, qn_buf)
+        elif et == 0x86DD:
+            if p + 40 > end or (buf[p] >> 4) != 6:
+                continue
+            ints[C_IPV, i] = 6
+            ints[C_TOS, i] = ((np.int32(buf[p]) & 0x0F) << 4) | (np.int32(buf[p + 1]) >> 4)
+            ints[C_TTL, i] = buf[p + 7]
+            for k in range(16):
+                src[i, k] = buf[p + 8 + k]
+                dst[i, k] = buf[p + 24 + k]
+            plen = _be16(buf, p + 4)
+            l4end = end
+            if p + 40 + plen < end:
+                l4end = p + 40 + plen
+            nh = np.int32(buf[p + 6])
+            q = p + 40
+            first = True
+            ok = True
+            for _ in range(16):  # extension-header chain, bounded
+                if nh == 0 or nh == 43 or nh == 60 or nh == 51:
+                    if q + 2 > l4end:
+                        ok = False
+                        break
+                    if nh == 51:
+                        hl = (np.int64(buf[q + 1]) + 2) * 4
+                    else:
+                        hl = (np.int64(buf[q + 1]) + 1) * 8
+                    nh = np.int32(buf[q])
+                    q += hl
+                elif nh == 44:
+                    if q + 8 > l4end:
+                        ok = False
+                        break
+                    fo = _be16(buf, q + 2)
+                    ints[C_FOFF, i] = fo & 0xFFF8
+                    ints[C_MF, i] = fo & 1
+                    ints[C_DF, i] = 0
+                    if (fo & 0xFFF8) != 0:
+                        first = False
+                    nh = np.int32(buf[q])
+                    q += 8
+                else:
+                    break
+            ints[C_PROTO, i] = nh
+            if ints[C_FOFF, i] < 0:
+                ints[C_FOFF, i] = 0
+                ints[C_MF, i] = 0
+                ints[C_DF, i] = 0
+            if ok and first and q <= l4end:
+                _l4(buf, q, l4end, nh, ints, i, want_dns, want_qname, qn_len, qn_buf)
+
+
+@dataclass
+class TupleBatch:
+    """Columns of one batch, keyed by catalogue field name (NULL = -1 for integers)."""
+
+    stream: str
+    ts_ns: np.ndarray
+    ints: np.ndarray  # (len(PACKET_INT_FIELDS), n) int32
+    ips: dict[str, np.ndarray]  # name -> (n, 16) uint8
+    strings: dict[str, pa.Array] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.ts_ns)
+
+    @property
+    def time(self) -> np.ndarray:
+        return self.ts_ns // 1_000_000_000
+
+    def column(self, name: str) -> np.ndarray:
+        """A numpy column (integers: -1 is NULL; IPs: (n, 16) uint8)."""
+        if name == "ts":
+            return self.ts_ns
+        if name == "time":
+            return self.time
+        if name in self.ips:
+            return self.ips[name]
+        return self.ints[PACKET_INT_INDEX[name]]
+
+    def ip_valid(self) -> np.ndarray:
+        return self.ints[C_IPV] >= 0
+
+    def arrow(self, name: str) -> pa.Array:
+        """One column as Arrow, with NULLs."""
+        f = fields(self.stream)[name]
+        if f.kind == STRING:  # not unpacked for this plan: NULL
+            return self.strings.get(name, pa.nulls(len(self), pa.string()))
+        if f.kind == TS:
+            return pa.array(self.ts_ns // 1000, type=pa.timestamp("us", tz="UTC"))
+        if f.kind == IP:
+            return _ip_binary(self.ips[name], self.ip_valid())
+        col = self.column(name)
+        if name == "time":
+            return pa.array(col, type=pa.int64())
+        return pa.array(col, type=f.arrow_type, mask=col < 0)
+
+    def take(self, idx: np.ndarray) -> TupleBatch:
+        """The rows at ``idx`` (an index array or boolean mask)."""
+        return TupleBatch(self.stream, self.ts_ns[idx], self.ints[:, idx],
+                          {k: v[idx] for k, v in self.ips.items()},
+                          {k: v.filter(pa.array(idx)) if np.asarray(idx).dtype == bool
+                           else v.take(pa.array(idx)) for k, v in self.strings.items()})
+
+
+def _validity(valid: np.ndarray):
+    return None if valid.all() else pa.array(valid).buffers()[1]
+
+
+def _ip_binary(col: np.ndarray, valid: np.ndarray) -> pa.Array:
+    """(n, 16) bytes as an Arrow binary array without a Python loop."""
+    n = len(col)
+    offsets = np.arange(0, 16 * (n + 1), 16, dtype=np.int32)
+    return pa.Array.from_buffers(
+        pa.binary(), n, [_validity(valid), pa.py_buffer(offsets.tobytes()),
+                         pa.py_buffer(np.ascontiguousarray(col).tobytes())],
+        null_count=int((~valid).sum()))
+
+
+def groups_for(field_names) -> set[str]:
+    """The protocol-layer groups that hold the given fields."""
+    cat = fields("packets")
+    return {cat[n].group for n in field_names if n in cat}
+
+
+def unpack(raw, want_groups: set[str] | None = None) -> TupleBatch:
+    """Unpack a RawBatch; ``want_groups`` limits the optional groups (dns, dns_name)."""
+    n = len(raw)
+    want_dns = want_groups is None or bool({"dns", "dns_name"} & want_groups)
+    want_qname = want_groups is None or "dns_name" in want_groups
+    ints = np.full((len(PACKET_INT_FIELDS), n), NULL_INT, dtype=np.int32)
+    src = np.zeros((n, 16), dtype=np.uint8)
+    dst = np.zeros((n, 16), dtype=np.uint8)
+    qn_len = np.full(n, -1, dtype=np.int32)
+    qn_buf = np.zeros((n if want_qname else 0, QNAME_STRIDE), dtype=np.uint8)
+    unpack_packets(raw.buf, raw.offset, raw.caplen, raw.wirelen, raw.linktype, raw.iface,
+                   want_dns, want_qname, ints, src, dst, qn_len, qn_buf)
+    strings = {}
+    if want_qname:
+        strings["dns_qname"] = _strings(qn_buf, qn_len)
+    return TupleBatch("packets", raw.ts_ns.copy(), ints, {"src_ip": src, "dst_ip": dst},
+                      strings)
+
+
+def _strings(buf: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """Rows of a fixed-stride byte matrix as an Arrow string array (length -1 = NULL)."""
+    n = len(lengths)
+    ln = np.maximum(lengths, 0)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(ln, out=offsets[1:])
+    if n:
+        width = max(int(ln.max()), 1)
+        mask = np.arange(width)[None, :] < ln[:, None]
+        data = buf[:, :width][mask]
+    else:
+        data = np.zeros(0, dtype=np.uint8)
+    valid = lengths >= 0
+    return pa.Array.from_buffers(pa.string(), n, [_validity(valid), pa.py_buffer(offsets.tobytes()),
+                                                  pa.py_buffer(data.tobytes())],
+                                 null_count=int((~valid).sum()))

@@ -1,0 +1,234 @@
+"""The engine: unpack → prefilter → residual → partials → spool, one batch at a time.
+
+A rebuilt plan is swapped in between batches (``set_plan``), so no tuple is processed half under
+one plan and half under another, and Spark keeps running.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from capture.fields import fields, groupable, measures
+from capture.pcap import RawBatch
+from capture.unpack import TupleBatch, unpack
+from collector.metrics import Metrics
+from collector.prefilter import CompiledPrefilter, compile_prefilter, run_prefilter
+from collector.residual import Residual
+from collector.spool import (
+    TS_US,
+    Spool,
+    aggregate_schema,
+    null_columns,
+    punctuation,
+    select_schema,
+)
+from planner.plan import Plan
+
+
+@dataclass
+class FolderPlan:
+    """What one spool folder receives: its queries' slots, grouped into aggregate-tree nodes."""
+
+    stream: str
+    folder: str
+    period: int | None
+    slots: list[int]
+    nodes: list[tuple[tuple[str, ...], list[int]]]  # (key fields, slots) per node
+
+
+@dataclass
+class _Compiled:
+    plan: Plan
+    prefilter: CompiledPrefilter
+    residual: Residual
+    groups: set[str]
+    folders: list[FolderPlan]
+    names: dict[int, str]
+
+
+def _slot_mask(slots: list[int], words: int) -> np.ndarray:
+    m = np.zeros(words, dtype=np.uint64)
+    for s in slots:
+        m[s >> 6] |= np.uint64(1) << np.uint64(s & 63)
+    return m
+
+
+class Engine:
+    """Runs the current plan over batches of one stream and writes the spool."""
+
+    def __init__(self, spool: Spool, stream: str = "packets", metrics: Metrics | None = None,
+                 probe: str = "flowsieve", watermark_delay_s: int = 1):
+        self.spool = spool
+        self.stream = stream
+        self.metrics = metrics or Metrics()
+        self.probe = probe
+        self.watermark_delay_s = watermark_delay_s
+        self._lock = threading.Lock()
+        self._pending: Plan | None = None
+        self._c: _Compiled | None = None
+        self.batch_seq = 0
+        self.max_time: int | None = None
+        self.tuples_in = 0
+        self.tuples_kept = 0
+
+    # -- plan
+    def set_plan(self, plan: Plan) -> None:
+        """Use ``plan`` from the next batch on."""
+        with self._lock:
+            self._pending = plan
+
+    def _current(self) -> _Compiled | None:
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            self._c = self._compile(pending)
+            self.metrics.plan_version.set(pending.version)
+        return self._c
+
+    def _compile(self, plan: Plan) -> _Compiled:
+        folders = []
+        for folder in plan.folders(self.stream):
+            qps = [qp for qp in plan.queries
+                   if qp.query.stream == self.stream and qp.query.folder == folder]
+            nodes: dict[tuple[str, ...], list[int]] = {}
+            for qp in qps:
+                nodes.setdefault(tuple(sorted(qp.query.keys)), []).append(qp.slot)
+            period = qps[0].query.period
+            folders.append(FolderPlan(self.stream, folder, period, [qp.slot for qp in qps],
+                                      sorted(nodes.items())))
+        return _Compiled(plan, compile_prefilter(plan, self.stream),
+                         Residual(plan, self.stream), plan.unpack_groups(self.stream), folders,
+                         {qp.slot: qp.query.name for qp in plan.queries
+                          if qp.query.stream == self.stream})
+
+    @property
+    def plan(self) -> Plan | None:
+        c = self._c
+        return self._pending or (c.plan if c else None)
+
+    # -- data
+    def process(self, raw: RawBatch, source: str = "") -> int:
+        """Unpack, prefilter and spool one batch; return the tuples kept."""
+        c = self._current()
+        self.metrics.packets_in.labels(source).inc(len(raw))
+        self.metrics.bytes_in.labels(source).inc(int(raw.caplen.sum()))
+        self.tuples_in += len(raw)
+        if len(raw):
+            t = int(raw.ts_ns.max() // 1_000_000_000)
+            self.max_time = t if self.max_time is None else max(self.max_time, t)
+        if c is None or not c.folders:
+            self.metrics.prefilter_dropped.labels(self.stream).inc(len(raw))
+            return 0
+        tb = unpack(raw, c.groups)
+        return self.process_tuples(c, tb)
+
+    def process_tuples(self, c: _Compiled, tb: TupleBatch) -> int:
+        _, Q = run_prefilter(c.prefilter, tb)
+        if c.residual:
+            before = c.residual.evaluated
+            c.residual.apply(tb, Q)
+            self.metrics.residual_evals.labels(self.stream).inc(c.residual.evaluated - before)
+        keep = Q.any(axis=1)
+        kept = int(keep.sum())
+        self.tuples_kept += kept
+        self.metrics.prefilter_dropped.labels(self.stream).inc(len(tb) - kept)
+        if not kept:
+            return 0
+        tb = tb.take(np.flatnonzero(keep))
+        Q = Q[keep]
+        for slot, name in c.names.items():
+            hits = int(((Q[:, slot >> 6] >> np.uint64(slot & 63)) & np.uint64(1)).sum())
+            if hits:
+                self.metrics.query_matched.labels(name).inc(hits)
+        self.batch_seq += 1
+        for fp in c.folders:
+            batch = (self._select_rows(c, fp, tb, Q) if fp.period is None
+                     else self._partials(c, fp, tb, Q))
+            if batch is not None and batch.num_rows:
+                if self.spool.write(self.stream, fp.folder, batch) is None:
+                    self.metrics.spool_dropped.labels(self.stream).inc(batch.num_rows)
+                else:
+                    self.metrics.spool_files.labels(self.stream, fp.folder).inc()
+                    self.metrics.spool_rows.labels(self.stream, fp.folder).inc(batch.num_rows)
+        return kept
+
+    def _qmask(self, Q: np.ndarray) -> pa.Array:
+        n, w = Q.shape
+        offsets = pa.array(np.arange(0, n * w + 1, w, dtype=np.int32))
+        return pa.ListArray.from_arrays(offsets, pa.array(Q.view(np.int64).reshape(-1)))
+
+    def _partials(self, c, fp: FolderPlan, tb: TupleBatch, Q: np.ndarray) -> pa.Table | None:
+        """Partial aggregates of one (cnt = 1) per tuple and node, in the fixed schema."""
+        schema = aggregate_schema(self.stream)
+        tables = []
+        ws_all = (tb.time // fp.period) * fp.period * 1_000_000
+        meas = {m.name: tb.column(m.name).astype(np.int64) for m in measures(self.stream)}
+        for node_id, (keys, slots) in enumerate(fp.nodes):
+            mask = _slot_mask(slots, Q.shape[1])
+            q = Q & mask
+            rows = np.flatnonzero(q.any(axis=1))
+            if not len(rows):
+                continue
+            n = len(rows)
+            present = {
+                "window_start": pa.array(ws_all[rows], TS_US),
+                "period_s": pa.array(np.full(n, fp.period, np.int32)),
+                "plan_version": pa.array(np.full(n, c.plan.version, np.int32)),
+                "qmask": self._qmask(np.ascontiguousarray(q[rows])),
+                "node": pa.array(np.full(n, node_id, np.int32)),
+                "cnt": pa.array(np.ones(n, np.int64)),
+                "probe": pa.array([self.probe] * n, pa.string()),
+                "batch_seq": pa.array(np.full(n, self.batch_seq, np.int64)),
+            }
+            idx = pa.array(rows)
+            for k in keys:
+                present[k] = tb.arrow(k).take(idx)
+            for m, col in meas.items():
+                v = pa.array(col[rows])
+                present[f"sum_{m}"] = present[f"min_{m}"] = present[f"max_{m}"] = v
+            tables.append(pa.Table.from_arrays(null_columns(schema, n, present), schema=schema))
+        return pa.concat_tables(tables) if tables else None
+
+    def _select_rows(self, c, fp: FolderPlan, tb: TupleBatch, Q: np.ndarray) -> pa.Table | None:
+        schema = select_schema(self.stream)
+        q = Q & _slot_mask(fp.slots, Q.shape[1])
+        rows = np.flatnonzero(q.any(axis=1))
+        if not len(rows):
+            return None
+        sub = tb.take(rows)
+        present = {f: sub.arrow(f) for f in fields(self.stream)}
+        present["qmask"] = self._qmask(np.ascontiguousarray(q[rows]))
+        present["plan_version"] = pa.array(np.full(len(rows), c.plan.version, np.int32))
+        return pa.Table.from_arrays(null_columns(schema, len(rows), present), schema=schema)
+
+    # -- time
+    def _punctuate(self, ws_of_period) -> None:
+        c = self._current()
+        if c is None:
+            return
+        words = c.prefilter.q_words
+        for fp in c.folders:
+            if fp.period is None:
+                continue
+            ws = ws_of_period(fp.period)
+            self.spool.write(self.stream, fp.folder,
+                             punctuation(self.stream, ws, c.plan.version, self.probe, words))
+
+    def finish(self) -> None:
+        """End of input: punctuation beyond the last window, so every window closes."""
+        if self.max_time is None:
+            return
+        last = self.max_time
+        self._punctuate(lambda p: (last // p) * p + p + self.watermark_delay_s + 1)
+
+    def heartbeat(self, now_s: int) -> None:
+        """Live sources: advance the watermark to the current window so quiet windows close."""
+        self._punctuate(lambda p: (now_s // p) * p)
+
+
+def groupable_names(stream: str) -> list[str]:
+    return [f.name for f in groupable(stream)]

@@ -1,0 +1,43 @@
+"""Prometheus metrics of every stage. One registry per collector, so tests can run several."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class Metrics:
+    """The collector's counters and gauges (names are part of the documented interface)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.packets_in = Counter("flowsieve_packets_in", "Packets read from sources",
+                                  ["source"], registry=r)
+        self.bytes_in = Counter("flowsieve_bytes_in", "Captured bytes read from sources",
+                                ["source"], registry=r)
+        self.prefilter_dropped = Counter(
+            "flowsieve_packets_dropped_prefilter",
+            "Tuples no query can match (query mask 0 after the prefilter and residual)",
+            ["stream"], registry=r)
+        self.query_matched = Counter("flowsieve_query_tuples_matched",
+                                     "Tuples that matched a query's WHERE clause", ["query"],
+                                     registry=r)
+        self.decode_errors = Counter("flowsieve_decode_errors", "Inputs rejected, by reason",
+                                     ["source", "reason"], registry=r)
+        self.residual_evals = Counter("flowsieve_residual_evaluations",
+                                      "Residual predicate evaluations (one per tuple and "
+                                      "predicate)", ["stream"], registry=r)
+        self.spool_files = Counter("flowsieve_spool_files", "Spool files written",
+                                   ["stream", "folder"], registry=r)
+        self.spool_rows = Counter("flowsieve_spool_rows", "Rows written to the spool",
+                                  ["stream", "folder"], registry=r)
+        self.spool_dropped = Counter("flowsieve_spool_rows_dropped",
+                                     "Rows dropped because the spool was full", ["stream"],
+                                     registry=r)
+        self.plan_version = Gauge("flowsieve_plan_version", "Version of the running plan",
+                                  registry=r)
+        self.queries = Gauge("flowsieve_queries", "Registered queries", registry=r)
+        self.result_rows = Counter("flowsieve_query_result_rows",
+                                   "Result rows written by the Spark job", ["query"], registry=r)
+        self.spark_batches = Counter("flowsieve_spark_batches", "Spark micro-batches completed",
+                                     ["stream", "folder"], registry=r)

@@ -1,0 +1,212 @@
+"""Query answers: the final projection of merged partials (buckets, keys, aggregates, HAVING,
+ORDER BY … LIMIT per window), their Parquet folders, and the output formats of ``replay``."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import operator
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from capture.fields import IP, TS, fields
+from planner.query import Query
+
+CMP = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
+       ">": operator.gt, ">=": operator.ge}
+
+
+def format_ip(b: bytes | None) -> str | None:
+    """Dotted quad for IPv4-mapped addresses, RFC 5952 otherwise."""
+    if b is None:
+        return None
+    if len(b) != 16:
+        return b.hex()
+    addr = ipaddress.IPv6Address(b)
+    return str(addr.ipv4_mapped) if addr.ipv4_mapped else str(addr)
+
+
+def _ip_strings(arr: pa.Array) -> pa.Array:
+    return pa.array([format_ip(v) for v in arr.to_pylist()], pa.string())
+
+
+def finalize(query: Query, merged: pa.Table) -> pa.Table:
+    """Turn merged rows of one query (window_start, keys, cnt, sum_/min_/max_) into its
+    answer: the query's output columns plus ``window_start``."""
+    cat = fields(query.stream)
+    cols: dict[str, pa.Array] = {}
+    ws = merged.column("window_start").combine_chunks()
+    epoch = pc.cast(ws, pa.int64()).to_numpy(zero_copy_only=False) // 1_000_000
+    cnt = merged.column("cnt").to_numpy(zero_copy_only=False) if merged.num_rows else \
+        np.zeros(0, np.int64)
+    for o in query.outputs:
+        if o.kind == "bucket":
+            cols[o.name] = pa.array(epoch // query.period, pa.int64())
+        elif o.kind == "key":
+            col = merged.column(o.field).combine_chunks()
+            cols[o.name] = _ip_strings(col) if cat[o.field].kind == IP else col
+        elif o.func == "count":
+            cols[o.name] = pa.array(cnt, pa.int64())
+        elif o.func == "avg":
+            s = merged.column(f"sum_{o.field}").to_numpy(zero_copy_only=False)
+            cols[o.name] = pa.array(s / np.maximum(cnt, 1), pa.float64())
+        else:
+            cols[o.name] = merged.column(f"{o.func}_{o.field}").combine_chunks()
+    cols["window_start"] = ws
+    table = pa.table(cols)
+    if query.having and table.num_rows:
+        keep = np.ones(table.num_rows, dtype=bool)
+        for cond in query.having:
+            v = table.column(cond.column).to_numpy(zero_copy_only=False)
+            keep &= CMP[cond.op](v, cond.value)
+        table = table.filter(pa.array(keep))
+    return order_rows(query, table)
+
+
+def order_rows(query: Query, table: pa.Table) -> pa.Table:
+    """Sort by window, then ORDER BY (or the key columns); LIMIT n per window."""
+    if not table.num_rows:
+        return table
+    if query.order:
+        keys = [(c, "descending" if desc else "ascending") for c, desc in query.order]
+    else:
+        keys = [(o.name, "ascending") for o in query.outputs if o.kind != "agg"
+                and o.name in table.column_names]
+    table = table.sort_by([("window_start", "ascending")] + keys)
+    if query.limit is not None:
+        ws = pc.cast(table.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)
+        rank = np.zeros(len(ws), dtype=np.int64)
+        start = 0
+        for i in range(1, len(ws) + 1):
+            if i == len(ws) or ws[i] != ws[start]:
+                rank[start:i] = np.arange(i - start)
+                start = i
+        table = table.filter(pa.array(rank < query.limit))
+    return table
+
+
+def project_selection(query: Query, rows: pa.Table) -> pa.Table:
+    """Matching tuples of a selection query, projected to its outputs."""
+    cat = fields(query.stream)
+    cols = {}
+    for o in query.outputs:
+        col = rows.column(o.field).combine_chunks()
+        cols[o.name] = _ip_strings(col) if cat[o.field].kind == IP else col
+    return pa.table(cols)
+
+
+def results_dir(root: str | os.PathLike, name: str) -> Path:
+    return Path(root) / name
+
+
+def write_results(root: str | os.PathLike, name: str, part: str, table: pa.Table) -> Path:
+    """Write one part file atomically (a replayed Spark batch overwrites its own part)."""
+    d = results_dir(root, name)
+    d.mkdir(parents=True, exist_ok=True)
+    final = d / f"{part}.parquet"
+    tmp = d / f".{part}.parquet.tmp"
+    pq.write_table(table, tmp)
+    os.replace(tmp, final)
+    return final
+
+
+def clear_results(root: str | os.PathLike, name: str) -> None:
+    shutil.rmtree(results_dir(root, name), ignore_errors=True)
+
+
+def read_results(root: str | os.PathLike, query: Query, last_windows: int | None = None
+                 ) -> pa.Table:
+    """A query's answers so far, in order; optionally only its latest closed windows."""
+    d = results_dir(root, query.name)
+    files = sorted(d.glob("*.parquet")) if d.exists() else []
+    tables = [pq.read_table(f) for f in files]
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return pa.table({o.name: pa.array([], pa.null()) for o in query.outputs})
+    table = pa.concat_tables(tables, promote_options="permissive")
+    if query.is_selection:
+        return table
+    if last_windows is not None:
+        ws = pc.unique(table.column("window_start")).to_pylist()
+        keep = sorted(ws)[-last_windows:] if last_windows else []
+        table = table.filter(pc.is_in(table.column("window_start"),
+                                      pa.array(keep, table.column("window_start").type)))
+    return order_rows(query, table)
+
+
+# ------------------------------------------------------------------------------ output formats
+
+
+def _jsonable(v):
+    if isinstance(v, float) and v == int(v):
+        return v
+    if hasattr(v, "timestamp"):
+        return v.timestamp()
+    if isinstance(v, bytes):
+        return format_ip(v)
+    return v
+
+
+def rows_of(query: Query, table: pa.Table) -> list[dict]:
+    """A query's rows as dicts of its own output columns."""
+    names = [o.name for o in query.outputs]
+    out = []
+    for row in table.select([n for n in names if n in table.column_names]).to_pylist():
+        out.append({k: _jsonable(row.get(k)) for k in names})
+    return out
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def format_results(results: Iterable[tuple[Query, list[dict]]], fmt: str) -> str:
+    """``replay``'s output: csv (header ``query`` + union of columns), json lines, or table."""
+    results = list(results)
+    lines: list[str] = []
+    if fmt == "json":
+        for q, rows in results:
+            for r in rows:
+                lines.append(json.dumps({"query": q.name, **r}))
+    elif fmt == "csv":
+        import csv
+        import io
+        header: list[str] = []
+        for q, _ in results:
+            for o in q.outputs:
+                if o.name not in header:
+                    header.append(o.name)
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(["query", *header])
+        for q, rows in results:
+            for r in rows:
+                w.writerow([q.name] + [_cell(r.get(h)) for h in header])
+        return buf.getvalue()
+    else:
+        for q, rows in results:
+            names = [o.name for o in q.outputs]
+            table = [names] + [[_cell(r.get(n)) for n in names] for r in rows]
+            widths = [max(len(row[i]) for row in table) for i in range(len(names))]
+            lines.append(f"== {q.name} ({len(rows)} rows)")
+            for k, row in enumerate(table):
+                lines.append("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+                if k == 0:
+                    lines.append("  ".join("-" * w for w in widths))
+            lines.append("")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def ts_field_names(stream: str) -> list[str]:
+    return [f.name for f in fields(stream).values() if f.kind == TS]

@@ -1,0 +1,99 @@
+"""flowsieve's Python streaming data source over one spool folder.
+
+Offsets are file sequence numbers (``{"seq": N}``: every file with a sequence number up to N).
+``partitions`` is deterministic for a logged (start, end) because files stay until ``commit``
+releases them, so a restarted query re-plans its last batch exactly (FACTS, Spark).
+Holds only picklable state: options parsed into typed fields.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+from collector.spool import file_seq, list_files, schema_for, spark_ddl
+
+FILES_PER_PARTITION = 16
+
+
+class SpoolPartition(InputPartition):
+    def __init__(self, paths: list[str]):
+        super().__init__(paths)
+        self.paths = paths
+
+
+class SpoolDataSource(DataSource):
+    """``spark.readStream.format("flowsieve_spool").option("path", …).option("stream", …)
+    .option("folder", …)``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "flowsieve_spool"
+
+    def __init__(self, options):
+        super().__init__(options)
+        try:
+            self.path = options["path"]
+            self.stream = options["stream"]
+            self.spool_folder = options["folder"]
+        except KeyError as e:
+            raise ValueError(f"flowsieve_spool needs the option {e.args[0]!r}") from None
+
+    def schema(self) -> str:
+        return spark_ddl(schema_for(self.stream, self.spool_folder))
+
+    def streamReader(self, schema) -> DataSourceStreamReader:
+        return SpoolStreamReader(self.path, self.stream, self.spool_folder)
+
+
+class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, path: str, stream: str, folder: str):
+        self.path = path
+        self.stream = stream
+        self.folder = folder
+        self.target: int | None = None
+
+    def _latest(self) -> int:
+        files = list_files(Path(self.path))
+        return file_seq(files[-1]) if files else -1
+
+    def initialOffset(self) -> dict:
+        return {"seq": -1}
+
+    def latestOffset(self, start: dict, limit) -> dict:
+        latest = max(self._latest(), start["seq"])
+        if self.target is not None:
+            latest = min(latest, max(self.target, start["seq"]))
+        return {"seq": latest}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self._latest()
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        lo, hi = start["seq"], end["seq"]
+        paths = [str(f) for f in list_files(Path(self.path)) if lo < file_seq(f) <= hi]
+        return [SpoolPartition(paths[i:i + FILES_PER_PARTITION])
+                for i in range(0, len(paths), FILES_PER_PARTITION)]
+
+    def read(self, partition: SpoolPartition):
+        schema = schema_for(self.stream, self.folder)
+        for path in partition.paths:
+            with pa.memory_map(path) as source:
+                reader = pa.ipc.open_file(source)
+                for i in range(reader.num_record_batches):
+                    batch = reader.get_batch(i)
+                    if batch.schema != schema:
+                        batch = pa.Table.from_batches([batch]).cast(schema).to_batches()[0]
+                    yield batch
+
+    def commit(self, end: dict) -> None:
+        for f in list_files(Path(self.path)):
+            if file_seq(f) <= end["seq"]:
+                try:
+                    os.remove(f)
+                except FileNotFoundError:
+                    pass

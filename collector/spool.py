@@ -1,0 +1,179 @@
+"""The spool: Arrow IPC files, one folder per stream and period, written with an atomic rename.
+
+It is the contract between capture daemons and Spark. The schema is fixed per (stream, period),
+so registering a query never restarts Spark (DESIGN, "Spool batch").
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+from capture.fields import STRING, fields, groupable, measures
+
+SUFFIX = ".arrow"
+TS_US = pa.timestamp("us", tz="UTC")
+
+
+def aggregate_schema(stream: str) -> pa.Schema:
+    """Partial-aggregate rows of a (stream, period) folder."""
+    cols = [pa.field("window_start", TS_US), pa.field("period_s", pa.int32()),
+            pa.field("plan_version", pa.int32()), pa.field("qmask", pa.list_(pa.int64()))]
+    cols += [pa.field(f.name, f.arrow_type) for f in groupable(stream)]
+    cols += [pa.field("node", pa.int32()), pa.field("cnt", pa.int64())]
+    for m in measures(stream):
+        cols += [pa.field(f"{agg}_{m.name}", pa.int64()) for agg in ("sum", "min", "max")]
+    cols += [pa.field("probe", pa.string()), pa.field("batch_seq", pa.int64())]
+    return pa.schema(cols)
+
+
+def select_schema(stream: str) -> pa.Schema:
+    """Matching tuples of a stream's selection folder."""
+    cols = [pa.field(f.name, f.arrow_type) for f in fields(stream).values()]
+    cols += [pa.field("qmask", pa.list_(pa.int64())), pa.field("plan_version", pa.int32())]
+    return pa.schema(cols)
+
+
+def schema_for(stream: str, folder: str) -> pa.Schema:
+    return select_schema(stream) if folder == "select" else aggregate_schema(stream)
+
+
+def spark_ddl(schema: pa.Schema) -> str:
+    """The Spark DDL string of a spool schema."""
+    def t(dt: pa.DataType) -> str:
+        if pa.types.is_timestamp(dt):
+            return "timestamp"
+        if pa.types.is_list(dt):
+            return f"array<{t(dt.value_type)}>"
+        return {pa.int32(): "int", pa.int64(): "bigint", pa.binary(): "binary",
+                pa.string(): "string"}[dt]
+    return ", ".join(f"`{f.name}` {t(f.type)}" for f in schema)
+
+
+def file_seq(path: Path) -> int:
+    return int(path.name[:-len(SUFFIX)])
+
+
+def list_files(folder: Path) -> list[Path]:
+    """Complete spool files of a folder, by sequence number."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    files = [folder / n for n in names if n.endswith(SUFFIX) and n[:-len(SUFFIX)].isdigit()]
+    return sorted(files, key=file_seq)
+
+
+class SpoolFull(RuntimeError):
+    """The spool is over its size limit and the policy is to drop."""
+
+
+class Spool:
+    """Writes spool files under ``root/<stream>/<folder>/`` with sequence numbers that never
+    repeat (a high-water mark survives restarts and Spark's deletion of committed files)."""
+
+    def __init__(self, root: str | os.PathLike, max_bytes: int = 8 << 30, policy: str = "block",
+                 block_timeout_s: float = 600.0):
+        if policy not in ("block", "drop"):
+            raise ValueError("spool policy is 'block' or 'drop'")
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self.policy = policy
+        self.block_timeout_s = block_timeout_s
+        self._lock = threading.Lock()
+        self._seq: dict[Path, int] = {}
+        self.files_written = 0
+        self.bytes_written = 0
+        self.rows_dropped = 0
+
+    def folder(self, stream: str, folder: str) -> Path:
+        path = self.root / stream / folder
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _next_seq(self, folder: Path) -> int:
+        if folder not in self._seq:
+            hwm = folder / "_seq"
+            last = int(hwm.read_text()) if hwm.exists() else -1
+            files = list_files(folder)
+            self._seq[folder] = max([last] + [file_seq(f) for f in files])
+        self._seq[folder] += 1
+        seq = self._seq[folder]
+        tmp = folder / "._seq.tmp"
+        tmp.write_text(str(seq))
+        os.replace(tmp, folder / "_seq")
+        return seq
+
+    def size(self) -> int:
+        total = 0
+        for dirpath, _, names in os.walk(self.root):
+            for n in names:
+                if n.endswith(SUFFIX):
+                    try:
+                        total += os.path.getsize(os.path.join(dirpath, n))
+                    except FileNotFoundError:
+                        pass
+        return total
+
+    def _room(self, rows: int) -> bool:
+        if self.size() < self.max_bytes:
+            return True
+        if self.policy == "drop":
+            self.rows_dropped += rows
+            return False
+        deadline = time.monotonic() + self.block_timeout_s
+        while self.size() >= self.max_bytes:  # back-pressure: wait for Spark to commit
+            if time.monotonic() > deadline:
+                raise SpoolFull(f"spool {self.root} stayed over {self.max_bytes} bytes for "
+                                f"{self.block_timeout_s:.0f} s: is the Spark job running?")
+            time.sleep(0.2)
+        return True
+
+    def write(self, stream: str, folder: str, batch: pa.RecordBatch | pa.Table) -> Path | None:
+        """Write one file atomically; None if dropped by the size policy."""
+        if not self._room(batch.num_rows):
+            return None
+        path_dir = self.folder(stream, folder)
+        with self._lock:
+            seq = self._next_seq(path_dir)
+        final = path_dir / f"{seq:016d}{SUFFIX}"
+        tmp = path_dir / f".{seq:016d}.tmp"
+        schema = schema_for(stream, folder)
+        table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+        table = table.select(schema.names).cast(schema)
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            writer.write_table(table, max_chunksize=65536)
+        os.replace(tmp, final)
+        self.files_written += 1
+        self.bytes_written += final.stat().st_size
+        return final
+
+
+def null_columns(schema: pa.Schema, n: int, present: dict[str, pa.Array]) -> list[pa.Array]:
+    """Arrays for every schema column: given ones, NULL for the rest."""
+    return [present[f.name] if f.name in present else pa.nulls(n, f.type) for f in schema]
+
+
+def punctuation(stream: str, window_start_s: int, plan_version: int, probe: str,
+                words: int = 1) -> pa.RecordBatch:
+    """One row with no query bit set whose window_start advances Spark's watermark."""
+    schema = aggregate_schema(stream)
+    present = {
+        "window_start": pa.array([window_start_s * 1_000_000], TS_US),
+        "period_s": pa.array([0], pa.int32()),
+        "plan_version": pa.array([plan_version], pa.int32()),
+        "qmask": pa.array([[0] * words], pa.list_(pa.int64())),
+        "node": pa.array([-1], pa.int32()),
+        "cnt": pa.array([0], pa.int64()),
+        "probe": pa.array([probe], pa.string()),
+        "batch_seq": pa.array([-1], pa.int64()),
+    }
+    return pa.RecordBatch.from_arrays(null_columns(schema, 1, present), schema=schema)
+
+
+def string_fields(stream: str) -> list[str]:
+    return [f.name for f in fields(stream).values() if f.kind == STRING]

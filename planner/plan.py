@@ -1,0 +1,161 @@
+"""The compiled plan: versioned, JSON-serialisable, pure (no I/O).
+
+It lists the base predicates (cost, cheap or not, measured selectivity), the prefilter bits
+(conjunctions of cheap predicates), every query's slot and bit signature, and the residual
+(expensive, or cheap but left out of the bit budget) predicates each query checks after the
+prefilter. The collector compiles it into arrays for the numba prefilter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from capture.fields import fields
+from planner.cover import assign_bits
+from planner.query import Predicate, Query
+
+
+@dataclass
+class PredicateInfo:
+    id: int
+    predicate: Predicate
+    cost: float
+    cheap: bool
+    selectivity: float | None = None
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "text": self.predicate.text, "stream": self.predicate.stream,
+                "fields": list(self.predicate.fields), "cost": self.cost, "cheap": self.cheap,
+                "selectivity": self.selectivity}
+
+
+@dataclass
+class QueryPlan:
+    query: Query
+    slot: int
+    predicates: list[int]  # all base predicate ids of the query
+    signature: list[int]  # bit ids
+    residual: list[int]  # predicate ids checked after the prefilter
+
+    def to_json(self) -> dict:
+        q = self.query
+        return {"name": q.name, "slot": self.slot, "stream": q.stream, "period_s": q.period,
+                "keys": list(q.keys), "predicates": self.predicates,
+                "signature": self.signature, "ascs": [], "residual": self.residual,
+                "text": q.text}
+
+
+@dataclass
+class Plan:
+    version: int
+    predicates: list[PredicateInfo]
+    bits: list[tuple[int, ...]]
+    queries: list[QueryPlan]
+    cheap_cost: float
+    bit_budget: int | None = None
+    bpf: str = ""
+    ascs: list = field(default_factory=list)
+
+    def by_name(self, name: str) -> QueryPlan:
+        for qp in self.queries:
+            if qp.query.name == name:
+                return qp
+        raise KeyError(name)
+
+    def streams(self) -> list[str]:
+        return sorted({qp.query.stream for qp in self.queries})
+
+    def folders(self, stream: str) -> list[str]:
+        """The spool folders this plan writes for a stream (periods and ``select``)."""
+        return sorted({qp.query.folder for qp in self.queries if qp.query.stream == stream},
+                      key=lambda f: (f == "select", int(f) if f.isdigit() else 0))
+
+    def unpack_fields(self, stream: str) -> set[str]:
+        """Catalogue fields the plan reads: predicates, keys, measures, time."""
+        out = {"time", "ts"}
+        for qp in self.queries:
+            q = qp.query
+            if q.stream != stream:
+                continue
+            out.update(q.keys)
+            out.update(q.measures)
+            out.update(o.field for o in q.outputs if o.field)
+            for p in q.predicates:
+                out.update(p.fields)
+        return out
+
+    def unpack_groups(self, stream: str) -> set[str]:
+        cat = fields(stream)
+        return {cat[f].group for f in self.unpack_fields(stream)}
+
+    def to_json(self) -> dict:
+        return {
+            "version": self.version,
+            "cheap_cost": self.cheap_cost,
+            "bit_budget": self.bit_budget,
+            "predicates": [p.to_json() for p in self.predicates],
+            "bits": [{"id": i, "predicates": list(b),
+                      "text": " AND ".join(self.predicates[p].predicate.text for p in b)}
+                     for i, b in enumerate(self.bits)],
+            "ascs": self.ascs,
+            "queries": [qp.to_json() for qp in self.queries],
+            "unpack_groups": {s: sorted(self.unpack_groups(s)) for s in self.streams()},
+            "bpf": self.bpf,
+        }
+
+    def explain(self) -> str:
+        """The plan as text, for ``flowsieve plan``."""
+        lines = [f"plan version {self.version}: {len(self.queries)} queries, "
+                 f"{len(self.predicates)} base predicates, {len(self.bits)} prefilter bits "
+                 f"(cheap cost <= {self.cheap_cost:g})", "", "base predicates:"]
+        for p in self.predicates:
+            sel = "?" if p.selectivity is None else f"{p.selectivity:.4f}"
+            kind = "cheap" if p.cheap else "expensive"
+            lines.append(f"  p{p.id:<3} {kind:9} cost {p.cost:5g}  sel {sel:>6}  "
+                         f"{p.predicate.text}")
+        lines += ["", "prefilter bits:"]
+        for i, b in enumerate(self.bits):
+            lines.append(f"  b{i:<3} " + " AND ".join(f"p{p}" for p in b))
+        lines += ["", "queries:"]
+        for qp in self.queries:
+            q = qp.query
+            sig = " ".join(f"b{b}" for b in qp.signature) or "(none: always invoked)"
+            res = " ".join(f"p{p}" for p in qp.residual) or "-"
+            lines.append(f"  {q.name} [slot {qp.slot}, {q.stream}, "
+                         f"{'select' if q.is_selection else f'every {q.period} s'}]  "
+                         f"signature {sig}  residual {res}")
+        for s in self.streams():
+            lines.append(f"\nunpack groups ({s}): {', '.join(sorted(self.unpack_groups(s)))}")
+        return "\n".join(lines)
+
+
+def build_plan(queries: list[Query], slots: dict[str, int] | None = None, version: int = 1,
+               cheap_cost: float = 10.0, bit_budget: int | None = None) -> Plan:
+    """Compile queries into a plan; ``slots`` maps query names to slots (default: in order)."""
+    if slots is None:
+        slots = {q.name: i for i, q in enumerate(queries)}
+    ids: dict[Predicate, int] = {}
+    infos: list[PredicateInfo] = []
+    for q in queries:
+        for p in q.predicates:
+            if p not in ids:
+                ids[p] = len(infos)
+                cost = p.cost
+                # variable-offset fields (dns_qname) are never prefilter candidates
+                fixed = not any(fields(p.stream)[f].variable_offset for f in p.fields)
+                infos.append(PredicateInfo(len(infos), p, cost, fixed and cost <= cheap_cost))
+    matrix: dict[int, set[str]] = {}
+    for q in queries:
+        for p in q.predicates:
+            if infos[ids[p]].cheap:
+                matrix.setdefault(ids[p], set()).add(q.name)
+    bits = assign_bits(matrix, bit_budget)
+    covered = {p for b in bits for p in b}
+    qplans = []
+    for q in queries:
+        pids = [ids[p] for p in q.predicates]
+        sig = [i for i, b in enumerate(bits) if set(b) <= set(pids)]
+        residual = [p for p in pids if p not in covered]
+        qplans.append(QueryPlan(q, slots[q.name], pids, sig, residual))
+    qplans.sort(key=lambda qp: qp.slot)
+    return Plan(version, infos, bits, qplans, cheap_cost, bit_budget)

@@ -1,0 +1,568 @@
+"""The query language of DESIGN: SQL text parsed with sqlglot into a typed IR.
+
+Base predicates are normalised (``53 = dst_port`` and ``dst_port = 53`` are one predicate; NOT is
+pushed into the comparison), so equal predicates of different queries are recognised as shared.
+Every error names the line, column and reason.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import Tokenizer, TokenType
+
+from capture.fields import INT32, INT64, IP, STRING, fields
+
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
+NAME_LINE_RE = re.compile(r"^\s*--\s*name:\s*(\S+)\s*$")
+AGG_FUNCS = ("count", "sum", "min", "max", "avg")
+FLIP = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+NEGATE = {"=": "!=", "!=": "=", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
+CMP_NODES = {exp.EQ: "=", exp.NEQ: "!=", exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
+
+
+class QueryError(ValueError):
+    """A query that cannot be accepted: line, column and reason."""
+
+    def __init__(self, reason: str, line: int = 0, col: int = 0, query: str = ""):
+        self.reason, self.line, self.col, self.query = reason, line, col, query
+        where = f"line {line}, column {col}: " if line else ""
+        name = f"query {query}: " if query else ""
+        super().__init__(f"{name}{where}{reason}")
+
+
+@dataclass(frozen=True, order=True)
+class Atom:
+    """One comparison of a field with constants.
+
+    ``op`` is one of = != < <= > >= in between prefix regexp. ``values`` holds ints, strings, or
+    for ``prefix`` the network as (16-byte integer, prefix length over 128 bits).
+    ``negated`` applies to in, between, prefix and regexp (the others fold NOT into ``op``).
+    """
+
+    field: str
+    op: str
+    values: tuple
+    negated: bool = False
+
+    @property
+    def text(self) -> str:
+        not_ = "NOT " if self.negated else ""
+        if self.op == "prefix":
+            return f"{not_}in_prefix({self.field}, '{format_prefix(*self.values)}')"
+        if self.op == "regexp":
+            return f"{not_}regexp({self.field}, {_lit(self.values[0])})"
+        if self.op == "in":
+            return f"{self.field} {not_}IN ({', '.join(_lit(v) for v in self.values)})"
+        if self.op == "between":
+            return f"{self.field} {not_}BETWEEN {_lit(self.values[0])} AND {_lit(self.values[1])}"
+        return f"{self.field} {self.op} {_lit(self.values[0])}"
+
+
+@dataclass(frozen=True)
+class Predicate:
+    """A base predicate: one atom, or a parenthesised OR of atoms (canonically sorted)."""
+
+    stream: str
+    atoms: tuple[Atom, ...]
+
+    @property
+    def text(self) -> str:
+        parts = [a.text for a in self.atoms]
+        return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(sorted({a.field for a in self.atoms}))
+
+    @property
+    def cost(self) -> float:
+        """Relative evaluation cost: unpack cost of its fields plus the comparisons."""
+        cat = fields(self.stream)
+        total = 0.0
+        for a in self.atoms:
+            f = cat[a.field]
+            if a.op == "regexp":
+                total += 100
+            elif f.kind == STRING:
+                total += 20 * max(1, len(a.values))
+            elif a.op == "in":
+                total += 1 + len(a.values).bit_length()
+            elif a.op == "prefix":
+                total += 2
+            else:
+                total += 1
+        return total
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output column: the time bucket, a key field, or an aggregate."""
+
+    name: str
+    kind: str  # "bucket", "key", "agg"
+    field: str | None = None  # key field or aggregated measure (None for count(*))
+    func: str | None = None  # count, sum, min, max, avg
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A HAVING comparison of an output column with a number."""
+
+    column: str
+    op: str
+    value: float
+
+
+@dataclass
+class Query:
+    """One registered continuous query."""
+
+    name: str
+    stream: str
+    text: str
+    outputs: tuple[Output, ...]
+    predicates: tuple[Predicate, ...]
+    period: int | None = None  # seconds; None for selection queries
+    keys: tuple[str, ...] = ()  # grouping fields besides the time bucket
+    having: tuple[Condition, ...] = ()
+    order: tuple[tuple[str, bool], ...] = ()  # (output column, descending)
+    limit: int | None = None
+    line: int = 1
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_selection(self) -> bool:
+        return self.period is None
+
+    @property
+    def folder(self) -> str:
+        """Spool folder below the stream: the period in seconds, or ``select``."""
+        return "select" if self.period is None else str(self.period)
+
+    @property
+    def measures(self) -> tuple[str, ...]:
+        return tuple(sorted({o.field for o in self.outputs if o.kind == "agg" and o.field}))
+
+
+def _lit(v) -> str:
+    return f"'{v}'" if isinstance(v, str) else str(v)
+
+
+def ip_to_int(text: str) -> int:
+    """An address as a 128-bit integer (IPv4 as IPv4-mapped)."""
+    addr = ipaddress.ip_address(text)
+    if addr.version == 4:
+        return (0xFFFF << 32) | int(addr)
+    return int(addr)
+
+
+def parse_prefix(text: str) -> tuple[int, int]:
+    """'10.0.0.0/8' or '2001:db8::/32' as (network over 128 bits, prefix length over 128)."""
+    net = ipaddress.ip_network(text, strict=False)
+    if net.version == 4:
+        return (0xFFFF << 32) | int(net.network_address), 96 + net.prefixlen
+    return int(net.network_address), net.prefixlen
+
+
+def format_prefix(value: int, length: int) -> str:
+    if value >> 32 == 0xFFFF and length >= 96:
+        net = ipaddress.IPv4Network((value & 0xFFFFFFFF, length - 96))
+    else:
+        net = ipaddress.IPv6Network((value, length))
+    if net.prefixlen == net.max_prefixlen:
+        return str(net.network_address)
+    return str(net)
+
+
+# ---------------------------------------------------------------------------------- parsing
+
+
+def _pos(node: exp.Expression) -> tuple[int, int]:
+    """Line and column of a node (its first identifier or literal that carries a position)."""
+    for n in node.walk():
+        meta = getattr(n, "meta", None) or {}
+        if "line" in meta:
+            return meta["line"], meta["col"]
+        if isinstance(n, exp.Column | exp.Identifier) and isinstance(n.this, exp.Expression):
+            m = n.this.meta
+            if "line" in m:
+                return m["line"], m["col"]
+    return 0, 0
+
+
+def split_statements(text: str) -> list[tuple[str | None, int, str]]:
+    """Split a file into (name from ``-- name:``, first line, masked text) per statement.
+
+    The masked text keeps the statement at its original line and column (everything before it
+    is blanked), so parse errors point into the file.
+    """
+    try:
+        tokens = Tokenizer().tokenize(text)
+    except TokenError as e:
+        raise QueryError(f"cannot tokenize: {e}") from e
+    lines = text.split("\n")
+    out: list[tuple[str | None, int, str]] = []
+    current: list = []
+    for tok in [*tokens, None]:
+        if tok is None or tok.token_type == TokenType.SEMICOLON:
+            if current:
+                first, last = current[0], current[-1]
+                body = text[first.start:last.end + 1]
+                masked = re.sub(r"[^\n]", " ", text[:first.start]) + body
+                name = None
+                if first.line >= 2:
+                    m = NAME_LINE_RE.match(lines[first.line - 2])
+                    if m:
+                        name = m.group(1)
+                out.append((name, first.line, masked))
+            current = []
+        else:
+            current.append(tok)
+    return out
+
+
+def parse_queries(text: str) -> list[Query]:
+    """Parse a file of statements; names from ``-- name:`` or q1, q2, … in order."""
+    queries: list[Query] = []
+    seen: set[str] = set()
+    for i, (name, line, masked) in enumerate(split_statements(text), start=1):
+        name = name or f"q{i}"
+        if not NAME_RE.match(name):
+            raise QueryError(f"invalid query name {name!r} (want [A-Za-z_][A-Za-z0-9_]{{0,63}})",
+                             line - 1, 1)
+        if name in seen:
+            raise QueryError(f"duplicate query name {name!r}", line - 1, 1)
+        seen.add(name)
+        queries.append(parse_query(masked, name=name))
+    if not queries:
+        raise QueryError("no statement found")
+    return queries
+
+
+def parse_query(text: str, name: str = "q1") -> Query:
+    """Parse one statement into a Query."""
+    try:
+        stmts = [s for s in sqlglot.parse(text) if s is not None]
+    except ParseError as e:
+        err = e.errors[0] if e.errors else {}
+        desc = str(err.get("description", e)).split(". Line")[0]
+        desc = re.sub(r"<Token token_type: TokenType\.\w+, text: ([^,]*),[^>]*>", r"'\1'", desc)
+        raise QueryError(desc, err.get("line", 0), err.get("col", 0), name) from e
+    except TokenError as e:
+        raise QueryError(f"cannot tokenize: {e}", query=name) from e
+    if len(stmts) != 1:
+        raise QueryError(f"expected one statement, found {len(stmts)}", query=name)
+    return _Builder(name, text.strip()).build(stmts[0])
+
+
+class _Builder:
+    def __init__(self, name: str, text: str):
+        self.name, self.text = name, text
+
+    def err(self, reason: str, node: exp.Expression | None = None) -> QueryError:
+        line, col = _pos(node) if node is not None else (0, 0)
+        return QueryError(reason, line, col, self.name)
+
+    def build(self, st: exp.Expression) -> Query:
+        if not isinstance(st, exp.Select):
+            raise self.err(f"only SELECT is supported, not {st.key.upper()}", st)
+        for arg in ("joins", "with", "distinct", "windows", "qualify"):
+            if st.args.get(arg):
+                raise self.err(f"{arg.upper()} is not supported", st)
+        frm = st.args.get("from_") or st.args.get("from")
+        if frm is None or not isinstance(frm.this, exp.Table):
+            raise self.err("FROM packets or FROM flows is required", st)
+        self.stream = frm.this.name.lower()
+        if self.stream not in ("packets", "flows"):
+            raise self.err(f"unknown stream {frm.this.name!r} (FROM packets or FROM flows)",
+                           frm.this)
+        self.cat = fields(self.stream)
+        preds = self.where(st.args.get("where"))
+        group = st.args.get("group")
+        has_agg = any(isinstance(n, exp.AggFunc) for s in st.expressions for n in s.walk())
+        if group is None and not has_agg:
+            return self.selection(st, preds)
+        return self.aggregate(st, group, preds)
+
+    # -- SELECT lists
+    def field_name(self, node: exp.Expression) -> str:
+        if not isinstance(node, exp.Column) or node.table:
+            raise self.err(f"expected a field name, got {node.sql()!r}", node)
+        name = node.name.lower()
+        if name not in self.cat:
+            raise self.err(f"unknown field {node.name!r} in stream {self.stream}", node)
+        return name
+
+    def bucket(self, node: exp.Expression) -> int | None:
+        """N for ``time/N``, else None."""
+        if isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, exp.Div | exp.IntDiv) and isinstance(node.this, exp.Column) \
+                and node.this.name.lower() == "time":
+            lit = node.expression
+            if not (isinstance(lit, exp.Literal) and not lit.is_string and lit.this.isdigit()):
+                raise self.err("the time bucket must be time/N with N a whole number of seconds",
+                               node)
+            n = int(lit.this)
+            if not 1 <= n <= 86400 * 366:
+                raise self.err(f"time bucket period {n} s out of range (1 s to 1 year)", node)
+            return n
+        return None
+
+    def selection(self, st: exp.Select, preds) -> Query:
+        outputs = []
+        for item in st.expressions:
+            node, alias = (item.this, item.alias) if isinstance(item, exp.Alias) else (item, None)
+            if isinstance(node, exp.Star):
+                outputs.extend(Output(f.name, "key", f.name) for f in self.cat.values())
+                continue
+            f = self.field_name(node)
+            outputs.append(Output(alias or f, "key", f))
+        for arg in ("having", "order", "limit"):
+            if st.args.get(arg):
+                raise self.err(f"{arg.upper()} needs an aggregate query (GROUP BY time/N)", st)
+        return Query(self.name, self.stream, self.text, tuple(outputs), preds)
+
+    def aggregate(self, st: exp.Select, group, preds) -> Query:
+        if group is None:
+            raise self.err("an aggregate query needs GROUP BY time/N", st)
+        period = None
+        keys: list[str] = []
+        for g in group.expressions:
+            n = self.bucket(g)
+            if n is not None:
+                if period is not None:
+                    raise self.err("GROUP BY has more than one time bucket", g)
+                period = n
+                continue
+            f = self.field_name(g)
+            if not self.cat[f].groupable:
+                raise self.err(f"field {f!r} cannot be grouped by", g)
+            if f not in keys:
+                keys.append(f)
+        if period is None:
+            raise self.err("GROUP BY needs exactly one time bucket time/N", group)
+        outputs: list[Output] = []
+        for item in st.expressions:
+            node, alias = (item.this, item.alias) if isinstance(item, exp.Alias) else (item, None)
+            label = alias or " ".join(node.sql().split())
+            n = self.bucket(node)
+            if n is not None:
+                if n != period:
+                    raise self.err(f"time/{n} in SELECT differs from time/{period} in GROUP BY",
+                                   node)
+                outputs.append(Output(label, "bucket"))
+            elif isinstance(node, exp.AggFunc):
+                func, f = self.agg(node)
+                outputs.append(Output(label, "agg", f, func))
+            else:
+                f = self.field_name(node)
+                if f not in keys:
+                    raise self.err(f"{f!r} must appear in GROUP BY or in an aggregate", node)
+                outputs.append(Output(alias or f, "key", f))
+        names = [o.name for o in outputs]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise self.err(f"duplicate output column {sorted(dup)[0]!r}", st)
+        having = self.having(st.args.get("having"), outputs)
+        order = self.order(st.args.get("order"), outputs)
+        limit = None
+        if st.args.get("limit") is not None:
+            lit = st.args["limit"].expression
+            if not (isinstance(lit, exp.Literal) and lit.this.isdigit()):
+                raise self.err("LIMIT takes a whole number", st.args["limit"])
+            limit = int(lit.this)
+        return Query(self.name, self.stream, self.text, tuple(outputs), preds, period,
+                     tuple(keys), having, order, limit)
+
+    def agg(self, node: exp.AggFunc) -> tuple[str, str | None]:
+        func = node.key.lower()
+        if func not in AGG_FUNCS:
+            raise self.err(f"aggregate {func}() is not supported (count, sum, min, max, avg)",
+                           node)
+        arg = node.this
+        if func == "count":
+            if isinstance(arg, exp.Star):
+                return "count", None
+            raise self.err("only count(*) is supported", node)
+        f = self.field_name(arg)
+        if not self.cat[f].measure:
+            allowed = ", ".join(m for m, v in self.cat.items() if v.measure)
+            raise self.err(f"{func}({f}) is not supported: measures are {allowed}", arg)
+        return func, f
+
+    def ref(self, node: exp.Expression, outputs) -> str:
+        """An output column named by alias, by field, or by the same aggregate expression."""
+        if isinstance(node, exp.Column) and not node.table:
+            for o in outputs:
+                if o.name.lower() == node.name.lower():
+                    return o.name
+        if isinstance(node, exp.AggFunc):
+            func, f = self.agg(node)
+            for o in outputs:
+                if o.kind == "agg" and o.func == func and o.field == f:
+                    return o.name
+            raise self.err(f"{node.sql()} must also appear in SELECT", node)
+        raise self.err(f"{node.sql()!r} is not an output column", node)
+
+    def having(self, node, outputs) -> tuple[Condition, ...]:
+        if node is None:
+            return ()
+        out = []
+        for c in _conjuncts(node.this):
+            op = CMP_NODES.get(type(c))
+            if op is None:
+                raise self.err("HAVING takes comparisons of an output with a number, "
+                               "joined by AND", c)
+            left, right = c.this, c.expression
+            if _number(left) is not None and _number(right) is None:
+                left, right, op = right, left, FLIP[op]
+            value = _number(right)
+            if value is None:
+                raise self.err("HAVING compares an output column with a number", c)
+            col = self.ref(left, outputs)
+            out.append(Condition(col, op, value))
+        return tuple(out)
+
+    def order(self, node, outputs) -> tuple[tuple[str, bool], ...]:
+        if node is None:
+            return ()
+        return tuple((self.ref(o.this, outputs), bool(o.args.get("desc")))
+                     for o in node.expressions)
+
+    # -- WHERE
+    def where(self, node) -> tuple[Predicate, ...]:
+        if node is None:
+            return ()
+        preds: list[Predicate] = []
+        for c in _conjuncts(node.this):
+            atoms = tuple(sorted(set(self.atoms(c))))
+            p = Predicate(self.stream, atoms)
+            if p not in preds:
+                preds.append(p)
+        return tuple(preds)
+
+    def atoms(self, node: exp.Expression, negated: bool = False) -> list[Atom]:
+        """The atoms of a base predicate (a disjunction, possibly under NOT)."""
+        if isinstance(node, exp.Paren):
+            return self.atoms(node.this, negated)
+        if isinstance(node, exp.Not):
+            return self.atoms(node.this, not negated)
+        if isinstance(node, exp.Or):
+            if negated:
+                raise self.err("NOT over an OR is not a base predicate; write the conjunction "
+                               "of negations", node)
+            return self.atoms(node.this) + self.atoms(node.expression)
+        if isinstance(node, exp.And):
+            raise self.err("AND inside a parenthesised OR is not supported: a base predicate "
+                           "is a comparison or an OR of comparisons", node)
+        return [self.atom(node, negated)]
+
+    def atom(self, node: exp.Expression, negated: bool) -> Atom:
+        op = CMP_NODES.get(type(node))
+        if op is not None:
+            left, right = node.this, node.expression
+            if not isinstance(left, exp.Column) and isinstance(right, exp.Column):
+                left, right, op = right, left, FLIP[op]
+            f = self.field_name(left)
+            if negated:
+                op = NEGATE[op]
+            kind = self.cat[f].kind
+            if kind == IP:
+                if op not in ("=", "!="):
+                    raise self.err(f"{f} supports =, !=, IN and in_prefix(), not {op}", node)
+                return Atom(f, "prefix", (ip_to_int(self.ip_literal(right)), 128), op == "!=")
+            return Atom(f, op, (self.value(f, right),))
+        if isinstance(node, exp.In):
+            f = self.field_name(node.this)
+            if node.args.get("query") or not node.expressions:
+                raise self.err("IN takes a list of constants", node)
+            if self.cat[f].kind == IP:
+                raise self.err(f"{f} IN (...) is not supported; use in_prefix() or an OR of "
+                               "equalities", node)
+            vals = tuple(sorted({self.value(f, v) for v in node.expressions}))
+            if len(vals) == 1:
+                return Atom(f, "!=" if negated else "=", vals)
+            return Atom(f, "in", vals, negated)
+        if isinstance(node, exp.Between):
+            f = self.field_name(node.this)
+            if self.cat[f].kind not in (INT32, INT64):
+                raise self.err(f"BETWEEN needs an integer field, not {f}", node)
+            lo, hi = self.value(f, node.args["low"]), self.value(f, node.args["high"])
+            return Atom(f, "between", (min(lo, hi), max(lo, hi)), negated)
+        if isinstance(node, exp.Anonymous | exp.Func):
+            fname = (node.name if isinstance(node, exp.Anonymous) else node.key).lower()
+            args = node.expressions if isinstance(node, exp.Anonymous) else \
+                [a for a in (node.this, node.args.get("expression")) if a is not None]
+            if fname in ("in_prefix", "regexp", "regexplike", "regexp_like") and len(args) == 2:
+                f = self.field_name(args[0])
+                lit = args[1]
+                if not (isinstance(lit, exp.Literal) and lit.is_string):
+                    raise self.err(f"{fname}() takes a quoted string as its second argument",
+                                   lit)
+                if fname == "in_prefix":
+                    if self.cat[f].kind != IP:
+                        raise self.err(f"in_prefix() needs an address field, not {f}", node)
+                    try:
+                        return Atom(f, "prefix", parse_prefix(lit.this), negated)
+                    except ValueError as e:
+                        raise self.err(f"bad prefix {lit.this!r}: {e}", lit) from e
+                if self.cat[f].kind != STRING:
+                    raise self.err(f"regexp() needs a string field, not {f}", node)
+                try:
+                    re.compile(lit.this)
+                except re.error as e:
+                    raise self.err(f"bad regular expression {lit.this!r}: {e}", lit) from e
+                return Atom(f, "regexp", (lit.this,), negated)
+            raise self.err(f"unknown function {fname}() (in_prefix, regexp)", node)
+        raise self.err(f"not a base predicate: {node.sql()!r}", node)
+
+    def ip_literal(self, node) -> str:
+        if not (isinstance(node, exp.Literal) and node.is_string):
+            raise self.err("an address is written as a quoted string, e.g. '10.0.0.1'", node)
+        try:
+            ip_to_int(node.this)
+        except ValueError as e:
+            raise self.err(f"bad address {node.this!r}", node) from e
+        return node.this
+
+    def value(self, f: str, node) -> int | str:
+        kind = self.cat[f].kind
+        if kind == STRING:
+            if not (isinstance(node, exp.Literal) and node.is_string):
+                raise self.err(f"{f} is compared with a quoted string", node)
+            return node.this.lower()
+        v = _number(node)
+        if v is None or v != int(v):
+            raise self.err(f"{f} is compared with a whole number, got {node.sql()!r}", node)
+        lim = 2**31 - 1 if kind == INT32 else 2**63 - 1
+        if not -lim <= int(v) <= lim:
+            raise self.err(f"constant {int(v)} out of range for {f}", node)
+        return int(v)
+
+
+def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    if isinstance(node, exp.Paren) and isinstance(node.this, exp.And):
+        return _conjuncts(node.this)
+    return [node]
+
+
+def _number(node) -> float | None:
+    if isinstance(node, exp.Neg):
+        v = _number(node.this)
+        return None if v is None else -v
+    if isinstance(node, exp.Literal) and not node.is_string:
+        try:
+            return float(node.this) if "." in node.this or "e" in node.this.lower() \
+                else int(node.this, 0)
+        except ValueError:
+            return None
+    return None
