@@ -54,6 +54,11 @@ class RawBatch:
     def __len__(self) -> int:
         return len(self.offset)
 
+    def slice(self, a: int, b: int) -> RawBatch:
+        """Records a..b (views)."""
+        return RawBatch(self.buf, self.offset[a:b], self.caplen[a:b], self.wirelen[a:b],
+                        self.ts_ns[a:b], self.linktype, self.iface)
+
 
 @dataclass
 class ReadStats:

@@ -245,6 +245,18 @@ def parse_queries(text: str) -> list[Query]:
     return queries
 
 
+def parse_single(text: str, name: str | None = None) -> Query:
+    """One statement (as registered over REST); its name from ``name``, ``-- name:`` or q1."""
+    stmts = split_statements(text)
+    if len(stmts) != 1:
+        raise QueryError(f"expected one statement, found {len(stmts)}")
+    found, line, masked = stmts[0]
+    name = name or found or "q1"
+    if not NAME_RE.match(name):
+        raise QueryError(f"invalid query name {name!r} (want [A-Za-z_][A-Za-z0-9_]{{0,63}})")
+    return parse_query(masked, name=name)
+
+
 def parse_query(text: str, name: str = "q1") -> Query:
     """Parse one statement into a Query."""
     try:

@@ -1,0 +1,50 @@
+"""The FastAPI control plane over the collector's services."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from api.deps import CollectorDep
+from api.routes import prefilter, queries
+from collector.service import Collector
+
+
+def create_app(collector: Collector, manage: bool = False) -> FastAPI:
+    """An app over ``collector``; with ``manage`` the app starts and stops it."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if manage and not collector.started:
+            collector.start()
+        yield
+        if manage:
+            collector.stop()
+
+    app = FastAPI(title="flowsieve", version="0.1.0", lifespan=lifespan,
+                  description="Register continuous queries over packets and flows, read their "
+                              "results, explain the prefilter.")
+    app.state.collector = collector
+    app.include_router(queries.router)
+    app.include_router(prefilter.router)
+
+    @app.get("/metrics", tags=["metrics"], response_class=Response)
+    def metrics() -> Response:
+        """Prometheus metrics (served at /metrics itself: no redirect to /metrics/)."""
+        return Response(generate_latest(collector.metrics.registry),
+                        media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz(c: CollectorDep) -> dict:
+        """Liveness: plan version, queries, Spark and source state."""
+        spark_errors = c.job.check() if c.job is not None else []
+        ok = not spark_errors
+        return {"status": "ok" if ok else "degraded",
+                "plan_version": c.plan.version if c.plan else None,
+                "queries": len(c.plan.queries) if c.plan else 0,
+                "spark": "running" if c.job is not None else "off",
+                "spark_errors": spark_errors, "source_errors": c.source_errors[-10:]}
+
+    return app

@@ -1,0 +1,98 @@
+"""Register, list, delete queries and read their results."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Query, status
+from pydantic import BaseModel, Field
+
+from api.deps import CollectorDep
+from collector.registry import QueryExists
+from collector.results import rows_of
+from planner.query import QueryError
+
+router = APIRouter(prefix="/queries", tags=["queries"])
+
+
+class QueryCreate(BaseModel):
+    name: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$",
+                             description="REST id; else from `-- name:` or q1")
+    sql: str = Field(..., min_length=1, max_length=100_000)
+
+
+class QueryPublic(BaseModel):
+    name: str
+    slot: int
+    stream: str
+    period_s: int | None
+    sql: str
+    columns: list[str]
+    signature: list[int] = []
+    residual: list[int] = []
+
+
+class ResultsPublic(BaseModel):
+    name: str
+    columns: list[str]
+    rows: list[dict]
+
+
+def _public(c, q, slot) -> QueryPublic:
+    qp = None
+    if c.plan is not None:
+        try:
+            qp = c.plan.by_name(q.name)
+        except KeyError:
+            qp = None
+    return QueryPublic(name=q.name, slot=slot, stream=q.stream, period_s=q.period, sql=q.text,
+                       columns=[o.name for o in q.outputs],
+                       signature=qp.signature if qp else [], residual=qp.residual if qp else [])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=QueryPublic)
+def create_query(body: QueryCreate, c: CollectorDep) -> QueryPublic:
+    """Register a query; the prefilter is rebuilt and the engine takes it between batches."""
+    try:
+        q = c.register(body.name, body.sql)
+    except QueryError as e:
+        raise HTTPException(422, {"reason": e.reason, "line": e.line, "column": e.col,
+                                  "message": str(e)}) from e
+    except QueryExists as e:
+        raise HTTPException(409, str(e)) from e
+    found = c.query(q.name)
+    return _public(c, *found)
+
+
+@router.get("", response_model=list[QueryPublic])
+def list_queries(c: CollectorDep) -> list[QueryPublic]:
+    """Every registered query, in slot order."""
+    return [_public(c, q, slot) for q, slot in c.queries()]
+
+
+@router.get("/{name}", response_model=QueryPublic)
+def get_query(name: str, c: CollectorDep) -> QueryPublic:
+    """One registered query."""
+    found = c.query(name)
+    if found is None:
+        raise HTTPException(404, "query not found")
+    return _public(c, *found)
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_query(name: str, c: CollectorDep) -> None:
+    """Unregister a query; its slot is held until no spool file can reference it."""
+    if not c.delete(name):
+        raise HTTPException(404, "query not found")
+
+
+@router.get("/{name}/results", response_model=ResultsPublic)
+def query_results(name: str, c: CollectorDep,
+                  windows: int | None = Query(None, ge=1, le=100_000,
+                                              description="only the latest N closed windows"),
+                  ) -> ResultsPublic:
+    """The query's answers for its closed windows (all, or the latest ``windows``)."""
+    found = c.query(name)
+    if found is None:
+        raise HTTPException(404, "query not found")
+    q = found[0]
+    table = c.results(name, windows)
+    return ResultsPublic(name=name, columns=[o.name for o in q.outputs], rows=rows_of(q, table))

@@ -1,0 +1,235 @@
+"""The command line: ``flowsieve run | replay | decode | plan`` (stable: tests call it)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from capture.errors import DecodeError
+from capture.fields import IP, TS, fields
+from planner.query import QueryError
+
+DEFAULT_FLOW_PORTS = "2055,4739,9995,9996"
+
+
+class CliError(Exception):
+    """A failure reported as one ``error: …`` line."""
+
+
+def _ports(text: str) -> list[int]:
+    try:
+        ports = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port list: {text!r}") from None
+    if not ports or any(not 0 < p < 65536 for p in ports):
+        raise argparse.ArgumentTypeError(f"ports must be 1-65535: {text!r}")
+    return ports
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="flowsieve",
+        description="Many continuous queries over packets and flow exports: a numba prefilter "
+                    "in front of Apache Spark.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    r = sub.add_parser("run", help="the daemon: API, capture sources, Spark job")
+    r.add_argument("--config", help="YAML config (default: the embedded defaults)")
+
+    rp = sub.add_parser("replay", help="run queries over a capture through the whole pipeline")
+    rp.add_argument("capture", help="pcap file")
+    rp.add_argument("--queries", required=True, help="file of SQL statements")
+    rp.add_argument("--flow-ports", type=_ports, default=_ports(DEFAULT_FLOW_PORTS),
+                    help=f"UDP ports of flow exports (default {DEFAULT_FLOW_PORTS})")
+    rp.add_argument("--out", help="keep the spool, results and checkpoints in this folder")
+    rp.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    rp.add_argument("--bits", type=int, default=None, help="prefilter bit budget")
+
+    d = sub.add_parser("decode", help="print unpacked tuples")
+    d.add_argument("capture", help="pcap file, or - for a pcap stream on stdin")
+    d.add_argument("--stream", choices=("packets", "flows"), default="packets")
+    d.add_argument("--flow-ports", type=_ports, default=_ports(DEFAULT_FLOW_PORTS))
+    d.add_argument("--fields", help="comma-separated catalogue fields (default: all)")
+    d.add_argument("--format", choices=("csv", "json"), default="csv")
+
+    pl = sub.add_parser("plan", help="print the compiled plan")
+    pl.add_argument("--queries", required=True, help="file of SQL statements")
+    pl.add_argument("--bits", type=int, default=None, help="prefilter bit budget")
+    pl.add_argument("--format", choices=("text", "json"), default="text")
+    return p
+
+
+def check_java() -> None:
+    """Spark needs Java 17 or newer: say so clearly instead of a JVM stack trace."""
+    java = shutil.which("java")
+    if java is None:
+        raise CliError("Java not found: Spark needs Java 17 "
+                       "(Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless)")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    import re
+    m = re.search(r'version "(\d+)', out)
+    if m and int(m.group(1)) < 17:
+        raise CliError(f"Java {m.group(1)} found, Spark needs Java 17 or newer")
+
+
+def _read_queries(path: str):
+    from planner.query import parse_queries
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise CliError(f"cannot read {path}: {e.strerror}") from e
+    try:
+        return parse_queries(text)
+    except QueryError as e:
+        raise CliError(f"{path}: {e}") from e
+
+
+def cmd_plan(args) -> int:
+    from planner.plan import build_plan
+    plan = build_plan(_read_queries(args.queries), bit_budget=args.bits)
+    if args.format == "json":
+        print(json.dumps(plan.to_json(), indent=2))
+    else:
+        print(plan.explain())
+    return 0
+
+
+def _cell(kind: str, v, for_json: bool):
+    if v is None:
+        return None if for_json else ""
+    if kind == IP:
+        from collector.results import format_ip
+        return format_ip(v)
+    if kind == TS:
+        s = f"{v // 1_000_000_000}.{v % 1_000_000_000:09d}"
+        return float(s) if for_json else s
+    return v
+
+
+def cmd_decode(args) -> int:
+    from capture.pcap import PcapReader
+    from capture.unpack import unpack
+    if args.stream == "flows":
+        raise CliError("--stream flows is not supported yet: the NetFlow/IPFIX collector is "
+                       "not built")
+    cat = fields("packets")
+    names = list(cat) if not args.fields else [f.strip() for f in args.fields.split(",")]
+    bad = [n for n in names if n not in cat]
+    if bad:
+        raise CliError(f"unknown field {bad[0]!r} (fields: {', '.join(cat)})")
+    out = sys.stdout
+    writer = csv.writer(out, lineterminator="\n") if args.format == "csv" else None
+    if writer:
+        writer.writerow(names)
+    reader = PcapReader(args.capture)
+    try:
+        for raw in reader:
+            tb = unpack(raw)
+            cols = []
+            for n in names:
+                if n == "ts":
+                    cols.append(tb.ts_ns.tolist())
+                elif cat[n].kind == IP:
+                    cols.append(tb.arrow(n).to_pylist())
+                else:
+                    cols.append(tb.arrow(n).to_pylist())
+            kinds = [cat[n].kind for n in names]
+            for row in zip(*cols, strict=True):
+                vals = [_cell(k, v, writer is None) for k, v in zip(kinds, row, strict=True)]
+                if writer:
+                    writer.writerow(vals)
+                else:
+                    out.write(json.dumps(dict(zip(names, vals, strict=True))) + "\n")
+    finally:
+        out.flush()
+    return 0
+
+
+def cmd_replay(args) -> int:
+    from collector.config import load_settings
+    from collector.replay import replay
+    from collector.results import format_results, rows_of
+    from collector.spark.job import build_session
+    queries = _read_queries(args.queries)
+    if not Path(args.capture).is_file():
+        raise CliError(f"capture {args.capture} does not exist")
+    check_java()
+    settings = load_settings()
+    s = settings.spark
+    tmp = None
+    if args.out:
+        work = Path(args.out)
+        if work.exists() and any(work.iterdir()):
+            raise CliError(f"--out {work} is not empty (replay needs a fresh spool and "
+                           "checkpoints)")
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="flowsieve-replay-")
+        work = Path(tmp.name)
+    try:
+        spark = build_session(s.master, s.driver_memory, s.shuffle_partitions,
+                              s.state_store == "rocksdb", s.extra, "flowsieve-replay")
+        try:
+            res = replay(args.capture, queries, work, spark, bit_budget=args.bits,
+                         cheap_cost=settings.planner.cheap_cost,
+                         watermark_delay_s=s.watermark_delay_s)
+        except NotImplementedError as e:
+            raise CliError(str(e)) from e
+        finally:
+            spark.stop()
+        sys.stdout.write(format_results(
+            [(q, rows_of(q, t)) for q, t in res.answers], args.format))
+        sys.stdout.flush()
+        if res.error is not None:
+            raise res.error
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    return 0
+
+
+def cmd_run(args) -> int:
+    import uvicorn
+
+    from api.app import create_app
+    from collector.config import load_settings
+    from collector.service import Collector
+    try:
+        settings = load_settings(args.config)
+    except (FileNotFoundError, ValueError) as e:
+        raise CliError(f"config: {e}".replace("\n", "; ")) from e
+    check_java()
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    collector = Collector(settings)
+    app = create_app(collector, manage=True)
+    uvicorn.run(app, host=settings.api.host, port=settings.api.port, log_level="info")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "replay": cmd_replay, "decode": cmd_decode, "plan": cmd_plan}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (CliError, DecodeError, QueryError) as e:
+        sys.stdout.flush()
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Configuration: one pydantic-settings root model, loaded from YAML, overridden by
+``FLOWSIEVE_…`` environment variables (nested with ``__``, e.g. ``FLOWSIEVE_SPARK__MASTER``).
+Invalid values are refused at start; with no file the embedded defaults run a working daemon.
+"""
+
+from __future__ import annotations
+
+import re
+from contextvars import ContextVar
+from importlib.resources import files
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+_YAML: ContextVar[str | None] = ContextVar("flowsieve_yaml", default=None)
+SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def data_file(name: str) -> str:
+    """A file shipped in collector/data (the sample capture, the example queries)."""
+    return str(files("collector") / "data" / name)
+
+
+def parse_size(v: int | str) -> int:
+    """8589934592, '8GiB', '512M' → bytes."""
+    if isinstance(v, int):
+        return v
+    m = SIZE_RE.match(str(v))
+    if not m:
+        raise ValueError(f"not a size: {v!r} (e.g. 512MiB, 8GiB)")
+    unit = (m.group(2) or "").lower()[:1]
+    return int(m.group(1)) * UNITS[unit]
+
+
+class ApiConfig(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+
+
+class SparkConfig(BaseModel):
+    master: str = "local[*]"
+    driver_memory: str = "2g"
+    shuffle_partitions: int = Field(4, ge=1, le=10000)
+    state_store: Literal["rocksdb", "hdfs"] = "rocksdb"
+    watermark_delay_s: int = Field(1, ge=1, description="a window closes once partials this "
+                                   "many seconds past its start arrive")
+    trigger_s: float = Field(2.0, gt=0)
+    extra: dict[str, str] = Field(default_factory=dict, description="any other spark.* setting")
+
+    @field_validator("driver_memory")
+    @classmethod
+    def _memory(cls, v: str) -> str:
+        if not re.fullmatch(r"\d+[kmgt]?", v.lower()):
+            raise ValueError(f"driver_memory {v!r} is not a JVM size such as 2g or 512m")
+        return v
+
+
+class SpoolConfig(BaseModel):
+    max_bytes: int = Field(8 << 30, gt=0)
+    policy: Literal["block", "drop"] = "block"
+
+    @field_validator("max_bytes", mode="before")
+    @classmethod
+    def _size(cls, v):
+        return parse_size(v)
+
+
+class PlannerConfig(BaseModel):
+    cheap_cost: float = Field(10.0, gt=0, description="base predicates up to this cost are "
+                              "prefilter candidates")
+    bit_budget: int | None = Field(None, ge=0, description="prefilter bits; none = unlimited")
+
+
+class SourceConfig(BaseModel):
+    type: Literal["pcap"] = "pcap"
+    path: str = Field(default_factory=lambda: data_file("sample.pcap"))
+    loop: bool = True
+    restamp: bool = Field(True, description="shift times so each loop replays at the current "
+                          "time, at the capture's own pace")
+    name: str = "sample"
+
+
+class Settings(BaseSettings):
+    """The root configuration."""
+
+    model_config = SettingsConfigDict(env_prefix="FLOWSIEVE_", env_nested_delimiter="__",
+                                      extra="forbid")
+
+    var_dir: Path = Field(Path("var"), description="spool/, results/, checkpoints/, registry")
+    probe: str = "flowsieve"
+    api: ApiConfig = Field(default_factory=ApiConfig)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    spool: SpoolConfig = Field(default_factory=SpoolConfig)
+    planner: PlannerConfig = Field(default_factory=PlannerConfig)
+    batch_size: int = Field(65536, ge=1, le=1 << 22)
+    sources: list[SourceConfig] = Field(default_factory=lambda: [SourceConfig()])
+    initial_queries: str | None = Field(
+        default_factory=lambda: data_file("example.sql"),
+        description="a .sql file registered when the registry is empty")
+    registry: str = Field("sqlite", pattern="^sqlite$")
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        for s in self.sources:
+            if not Path(s.path).is_file():
+                raise ValueError(f"source {s.name!r}: capture {s.path} does not exist")
+        if self.initial_queries and not Path(self.initial_queries).is_file():
+            raise ValueError(f"initial_queries {self.initial_queries} does not exist")
+        return self
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.var_dir / "spool"
+
+    @property
+    def results_dir(self) -> Path:
+        return self.var_dir / "results"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.var_dir / "checkpoints"
+
+    @property
+    def registry_path(self) -> Path:
+        return self.var_dir / "flowsieve.db"
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
+                                   dotenv_settings, file_secret_settings
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = _YAML.get()
+        if path:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)
+
+
+def load_settings(path: str | Path | None = None, **overrides) -> Settings:
+    """Settings from a YAML file (or the embedded defaults), env overrides applied."""
+    if path is not None and not Path(path).is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    token = _YAML.set(str(path) if path else None)
+    try:
+        settings = Settings(**overrides)
+    finally:
+        _YAML.reset(token)
+    return settings

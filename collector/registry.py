@@ -1,0 +1,94 @@
+"""The query registry (SQLite): names, texts, slots and the plan version survive restarts.
+
+A deleted query's slot is held for ``slot_hold_s`` before reuse, so spool files and Spark state
+written under the old query can never be attributed to a new one (DESIGN, "slots").
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from planner.query import Query, parse_query, parse_single
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS queries (
+    name TEXT PRIMARY KEY, text TEXT NOT NULL, slot INTEGER NOT NULL UNIQUE,
+    created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS freed_slots (slot INTEGER PRIMARY KEY, freed_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class QueryExists(ValueError):
+    """A query of that name is registered already."""
+
+
+class Registry:
+    """Registered queries and their slots, in SQLite."""
+
+    def __init__(self, path: str | Path, slot_hold_s: float = 600.0):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.slot_hold_s = slot_hold_s
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False)
+        self._db.executescript(SCHEMA)
+        self._db.commit()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _free_slot(self, now: float) -> int:
+        used = {r[0] for r in self._db.execute("SELECT slot FROM queries")}
+        held = {s for s, t in self._db.execute("SELECT slot, freed_at FROM freed_slots")
+                if now - t < self.slot_hold_s}
+        slot = 0
+        while slot in used or slot in held:
+            slot += 1
+        self._db.execute("DELETE FROM freed_slots WHERE slot = ?", (slot,))
+        return slot
+
+    def add(self, name: str | None, text: str) -> Query:
+        """Parse and register one query; raises QueryError or QueryExists."""
+        q = parse_single(text, name)
+        with self._lock:
+            if self._db.execute("SELECT 1 FROM queries WHERE name = ?", (q.name,)).fetchone():
+                raise QueryExists(f"query {q.name!r} exists; delete it first")
+            slot = self._free_slot(time.time())
+            self._db.execute("INSERT INTO queries VALUES (?, ?, ?, ?)",
+                             (q.name, q.text, slot, time.time()))
+            self._db.commit()
+        return q
+
+    def remove(self, name: str) -> bool:
+        with self._lock:
+            row = self._db.execute("SELECT slot FROM queries WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                return False
+            self._db.execute("DELETE FROM queries WHERE name = ?", (name,))
+            self._db.execute("INSERT OR REPLACE INTO freed_slots VALUES (?, ?)",
+                             (row[0], time.time()))
+            self._db.commit()
+            return True
+
+    def entries(self) -> list[tuple[Query, int]]:
+        """Every registered query with its slot, in slot order."""
+        with self._lock:
+            rows = self._db.execute("SELECT name, text, slot FROM queries ORDER BY slot").fetchall()
+        out = []
+        for name, text, slot in rows:
+            q = parse_query(text, name)
+            out.append((q, slot))
+        return out
+
+    def next_version(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'plan_version'").fetchone()
+            v = int(row[0]) + 1 if row else 1
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('plan_version', ?)", (str(v),))
+            self._db.commit()
+            return v

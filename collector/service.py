@@ -1,0 +1,161 @@
+"""The collector: registry, planner, engine, capture sources and the Spark job, wired together.
+
+The constructor does no I/O; ``start()`` opens everything and ``stop()`` closes it. Registering
+or deleting a query rebuilds the plan (new version), which the engine takes between batches
+while Spark keeps running.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+from capture.errors import DecodeError
+from collector.config import Settings
+from collector.engine import Engine
+from collector.metrics import Metrics
+from collector.registry import Registry
+from collector.results import clear_results, read_results
+from collector.sources import PcapFileSource
+from collector.spool import Spool
+from planner.plan import Plan, build_plan
+from planner.query import Query, parse_queries
+
+log = logging.getLogger("flowsieve.collector")
+
+
+class Collector:
+    """The daemon's services, for the CLI and the API."""
+
+    def __init__(self, settings: Settings, spark=None):
+        self.settings = settings
+        self.metrics = Metrics()
+        self._spark = spark
+        self.spark = None
+        self.job = None
+        self.registry: Registry | None = None
+        self.engines: list[Engine] = []
+        self.plan: Plan | None = None
+        self._slot_queries: dict[int, Query] = {}
+        self._rebuild_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.source_errors: list[str] = []
+        self.started = False
+
+    # -- life cycle
+    def start(self, with_sources: bool = True, with_spark: bool = True) -> None:
+        s = self.settings
+        for d in (s.var_dir, s.spool_dir, s.results_dir, s.checkpoint_dir):
+            Path(d).mkdir(parents=True, exist_ok=True)
+        self.registry = Registry(s.registry_path)
+        self.spool = Spool(s.spool_dir, s.spool.max_bytes, s.spool.policy)
+        if not self.registry.entries() and s.initial_queries:
+            for q in parse_queries(Path(s.initial_queries).read_text()):
+                self.registry.add(q.name, q.text)
+        self.sources = [PcapFileSource(c.path, c.name, c.loop, c.restamp, s.batch_size)
+                        for c in s.sources]
+        self.engines = [Engine(self.spool, "packets", self.metrics, s.probe,
+                               s.spark.watermark_delay_s) for _ in self.sources]
+        self.rebuild()
+        if with_spark:
+            from collector.spark.job import SparkJob, build_session
+            self.spark = self._spark or build_session(
+                s.spark.master, s.spark.driver_memory, s.spark.shuffle_partitions,
+                s.spark.state_store == "rocksdb", s.spark.extra)
+            self.job = SparkJob(self.spark, s.spool_dir, s.results_dir, s.checkpoint_dir,
+                                self._slot_queries.get, s.spark.watermark_delay_s,
+                                self.metrics, s.spark.trigger_s)
+            self.job.ensure(self.folders())
+        if with_sources:
+            for src, eng in zip(self.sources, self.engines, strict=True):
+                t = threading.Thread(target=self._run_source, args=(src, eng),
+                                     name=f"source-{src.name}", daemon=True)
+                t.start()
+                self._threads.append(t)
+        self.started = True
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=10)
+        if self.job is not None:
+            self.job.stop()
+        if self.registry is not None:
+            self.registry.close()
+        self.started = False
+
+    def _run_source(self, src: PcapFileSource, engine: Engine) -> None:
+        last_beat = 0.0
+        try:
+            for raw in src.batches(self._stop):
+                if raw is not None and len(raw):
+                    engine.process(raw, src.name)
+                now = time.time()
+                if src.restamp and now - last_beat >= self.settings.spark.trigger_s:
+                    engine.heartbeat(int(now))
+                    last_beat = now
+            engine.finish()
+        except DecodeError as e:
+            self.metrics.decode_errors.labels(src.name, e.layer or "input").inc()
+            self.source_errors.append(str(e))
+            log.error("source %s: %s", src.name, e)
+            engine.finish()
+        except Exception as e:  # a source thread must report, not vanish
+            self.source_errors.append(f"{src.name}: {e!r}")
+            log.exception("source %s failed", src.name)
+
+    # -- queries
+    def folders(self) -> list[tuple[str, str]]:
+        plan = self.plan
+        if plan is None:
+            return []
+        return [(s, f) for s in plan.streams() for f in plan.folders(s)]
+
+    def rebuild(self) -> Plan:
+        """Compile the registered queries into a new plan version and hand it to the engines."""
+        with self._rebuild_lock:
+            entries = self.registry.entries()
+            p = self.settings.planner
+            plan = build_plan([q for q, _ in entries], {q.name: s for q, s in entries},
+                              self.registry.next_version(), p.cheap_cost, p.bit_budget)
+            self._slot_queries.clear()
+            self._slot_queries.update({s: q for q, s in entries})
+            self.plan = plan
+            for e in self.engines:
+                e.set_plan(plan)
+            self.metrics.queries.set(len(entries))
+            if self.job is not None:
+                self.job.ensure(self.folders())
+            return plan
+
+    def register(self, name: str | None, text: str) -> Query:
+        q = self.registry.add(name, text)
+        clear_results(self.settings.results_dir, q.name)
+        self.rebuild()
+        return q
+
+    def delete(self, name: str) -> bool:
+        if not self.registry.remove(name):
+            return False
+        self.rebuild()
+        return True
+
+    def queries(self) -> list[tuple[Query, int]]:
+        return self.registry.entries()
+
+    def query(self, name: str) -> tuple[Query, int] | None:
+        for q, slot in self.registry.entries():
+            if q.name == name:
+                return q, slot
+        return None
+
+    def results(self, name: str, last_windows: int | None = None) -> pa.Table | None:
+        found = self.query(name)
+        if found is None:
+            return None
+        return read_results(self.settings.results_dir, found[0], last_windows)

@@ -1,0 +1,68 @@
+"""Capture sources of the daemon, registered by name (as goflow2 registers its drivers)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Protocol
+
+import numpy as np
+
+from capture.pcap import PcapReader, RawBatch
+
+
+class Source(Protocol):
+    """A source yields RawBatches until it ends or ``stop`` is set."""
+
+    name: str
+
+    def batches(self, stop: threading.Event) -> Iterator[RawBatch | None]:
+        """RawBatches; None as a tick when a paced source is waiting (for heartbeats)."""
+        ...
+
+
+class PcapFileSource:
+    """A pcap file read once, or looped: each loop is re-stamped so that it replays at the
+    current time and at the capture's own pace (results keep coming, windows keep closing)."""
+
+    def __init__(self, path: str, name: str = "pcap", loop: bool = False, restamp: bool = False,
+                 batch_size: int = 65536, tick_s: float = 0.2):
+        self.path, self.name, self.loop, self.restamp = path, name, loop, restamp
+        self.batch_size = batch_size
+        self.tick_s = tick_s
+        self.loops = 0
+        self.reader: PcapReader | None = None
+
+    def batches(self, stop: threading.Event) -> Iterator[RawBatch | None]:
+        last_ns = 0
+        while not stop.is_set():
+            self.reader = reader = PcapReader(self.path, self.batch_size)
+            shift = None
+            for raw in reader:
+                if not self.restamp:
+                    yield raw
+                    continue
+                if shift is None and len(raw):
+                    start = max(time.time_ns(), last_ns + 1_000_000)
+                    shift = start - int(raw.ts_ns[0])
+                ts = raw.ts_ns + shift
+                raw = RawBatch(raw.buf, raw.offset, raw.caplen, raw.wirelen, ts, raw.linktype,
+                               raw.iface)
+                due = np.maximum.accumulate(ts)
+                pos = 0
+                while pos < len(raw) and not stop.is_set():
+                    end = int(np.searchsorted(due, time.time_ns(), side="right"))
+                    if end > pos:
+                        yield raw.slice(pos, end)
+                        last_ns = int(due[end - 1])
+                        pos = end
+                    else:
+                        yield None
+                        stop.wait(self.tick_s)
+            self.loops += 1
+            if not self.loop:
+                return
+
+
+SOURCES = {"pcap": PcapFileSource}
