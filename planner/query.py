@@ -183,16 +183,20 @@ def format_prefix(value: int, length: int) -> str:
 # ---------------------------------------------------------------------------------- parsing
 
 
+def _start(meta: dict) -> tuple[int, int]:
+    # sqlglot's col is the token's last column; start/end are its character offsets
+    return meta["line"], meta["col"] - (meta["end"] - meta["start"])
+
+
 def _pos(node: exp.Expression) -> tuple[int, int]:
-    """Line and column of a node (its first identifier or literal that carries a position)."""
+    """Line and column where a node starts (its first token that carries a position)."""
     for n in node.walk():
         meta = getattr(n, "meta", None) or {}
         if "line" in meta:
-            return meta["line"], meta["col"]
+            return _start(meta)
         if isinstance(n, exp.Column | exp.Identifier) and isinstance(n.this, exp.Expression):
-            m = n.this.meta
-            if "line" in m:
-                return m["line"], m["col"]
+            if "line" in n.this.meta:
+                return _start(n.this.meta)
     return 0, 0
 
 
@@ -265,7 +269,10 @@ def parse_query(text: str, name: str = "q1") -> Query:
         err = e.errors[0] if e.errors else {}
         desc = str(err.get("description", e)).split(". Line")[0]
         desc = re.sub(r"<Token token_type: TokenType\.\w+, text: ([^,]*),[^>]*>", r"'\1'", desc)
-        raise QueryError(desc, err.get("line", 0), err.get("col", 0), name) from e
+        col = err.get("col", 0)
+        if col and err.get("highlight"):  # sqlglot reports the token's last column
+            col = max(1, col - len(err["highlight"]) + 1)
+        raise QueryError(desc, err.get("line", 0), col, name) from e
     except TokenError as e:
         raise QueryError(f"cannot tokenize: {e}", query=name) from e
     if len(stmts) != 1:

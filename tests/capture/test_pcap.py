@@ -1,0 +1,99 @@
+"""The classic pcap reader against dpkt's reader and libpcap's documented behaviour."""
+
+from __future__ import annotations
+
+import dpkt
+import numpy as np
+import pytest
+
+from capture.errors import DecodeError
+from capture.pcap import PcapReader
+from tests.conftest import DATA, capture
+
+READABLE = sorted(p.name for p in (DATA / "pcap").glob("*.pcap")
+                  if p.name not in {"unexpected_eof_on_second_packet.pcap",
+                                    "partial_first_header.pcap", "bad_first_header.pcap"})
+
+
+def _records(path, batch_size=65536):
+    r = PcapReader(path, batch_size=batch_size)
+    out = []
+    for raw in r:
+        for i in range(len(raw)):
+            o = int(raw.offset[i])
+            out.append((int(raw.ts_ns[i]), int(raw.wirelen[i]),
+                        raw.buf[o:o + raw.caplen[i]].tobytes()))
+    return r, out
+
+
+@pytest.mark.parametrize("name", READABLE)
+def test_records_equal_dpkt(name):
+    """Every record's bytes, wire length and timestamp equal what dpkt's reader returns."""
+    path = capture(name)
+    _, ours = _records(path, batch_size=7)  # small batches exercise batch boundaries
+    with open(path, "rb") as fh:
+        ref = dpkt.pcap.Reader(fh)
+        exp = [(ts, buf) for ts, buf in ref]
+    assert len(ours) == len(exp)
+    for (ts_ns, wirelen, data), (ts, buf) in zip(ours, exp, strict=True):
+        assert data == buf
+        assert abs(ts_ns / 1e9 - float(ts)) < 2e-6
+        assert wirelen >= len(data) or name == "trunc-hdr.pcap"
+
+
+def test_big_endian_file():
+    """pptp.pcap is written big-endian (magic a1b2c3d4 in network order)."""
+    r = PcapReader(capture("pptp.pcap"))
+    assert r.swapped and not r.nano
+    assert sum(len(b) for b in r) == 23
+
+
+def test_nanosecond_file():
+    r = PcapReader(capture("tcp-handshake-nano.pcap"))
+    batches = list(r)
+    assert r.nano and r.linktype == 113
+    with open(capture("tcp-handshake-nano.pcap"), "rb") as fh:
+        # dpkt gives nanosecond files as Decimal seconds
+        exp = [ts for ts, _ in dpkt.pcap.Reader(fh)]
+    got = np.concatenate([b.ts_ns for b in batches])
+    # exact to the nanosecond: dpkt returns these as Decimal seconds
+    assert [int(t) for t in got] == [int(t * 1_000_000_000) for t in exp]
+
+
+@pytest.mark.parametrize("name,good,offset,reason", [
+    # libpcap: "truncated dump file; tried to read 78 captured bytes, only got 36"
+    ("unexpected_eof_on_second_packet.pcap", 1, 248, "truncated record data"),
+    # libpcap: "tried to read 16 header bytes, only got 11": the header starts at byte 24
+    ("partial_first_header.pcap", 0, 24, "truncated record header"),
+    # libpcap: "invalid packet capture length 2368110654, bigger than snaplen of 262144";
+    # one zero-length record is read first
+    ("bad_first_header.pcap", 1, 40, "caplen larger than the snapshot length"),
+])
+def test_corrupt_files_give_records_then_error(name, good, offset, reason):
+    """Every record before the fault is delivered, then a DecodeError with offset and reason."""
+    r = PcapReader(capture(name))
+    got = 0
+    with pytest.raises(DecodeError) as e:
+        for raw in r:
+            got += len(raw)
+    assert got == good
+    assert e.value.offset == offset
+    assert reason in str(e.value)
+    assert sum(r.stats.errors.values()) == 1
+
+
+def test_caplen_beyond_snaplen_is_read_like_libpcap():
+    """trunc-hdr.pcap: snaplen 1 but caplen 8; libpcap (and tshark) read the record."""
+    r = PcapReader(capture("trunc-hdr.pcap"))
+    raws = list(r)
+    assert sum(len(b) for b in raws) == 1 and int(raws[0].caplen[0]) == 8
+
+
+def test_not_a_pcap(tmp_path):
+    p = tmp_path / "x.pcap"
+    p.write_bytes(b"hello world, this is not a capture file")
+    with pytest.raises(DecodeError, match="not a pcap file"):
+        PcapReader(p)
+    p.write_bytes(b"\xd4\xc3")
+    with pytest.raises(DecodeError, match="too short"):
+        PcapReader(p)

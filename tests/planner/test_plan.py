@@ -1,0 +1,44 @@
+"""The plan: one bit per distinct cheap base predicate, signatures, residuals, JSON."""
+
+from __future__ import annotations
+
+import json
+
+from planner.plan import build_plan
+from planner.query import parse_queries
+from tests.planner.test_query import Q123
+
+
+def test_paper_figure_1():
+    """Golab et al., section 1: Q1-Q3 have five distinct predicates, protocol=UDP shared."""
+    plan = build_plan(parse_queries(Q123))
+    texts = [p.predicate.text for p in plan.predicates]
+    assert texts == ["protocol = 17", "dst_port = 53", "dns_qr = 0", "src_port = 53",
+                     "dns_qr = 1"]
+    assert len(plan.bits) == 5
+    sigs = {qp.query.name: [plan.bits[b] for b in qp.signature] for qp in plan.queries}
+    assert sigs == {"udp_bw": [(0,)], "dns_req": [(0,), (1,), (2,)],
+                    "dns_resp": [(0,), (3,), (4,)]}
+
+
+def test_expensive_predicates_are_residual():
+    plan = build_plan(parse_queries(
+        "SELECT ts FROM packets WHERE dst_port = 53 AND regexp(dns_qname, 'goo')"))
+    qp = plan.queries[0]
+    assert [plan.predicates[p].predicate.text for p in qp.residual] == ["regexp(dns_qname, 'goo')"]
+    assert len(qp.signature) == 1
+
+
+def test_budget_keeps_most_shared_predicates():
+    plan = build_plan(parse_queries(Q123), bit_budget=1)
+    assert plan.bits == [(0,)]
+    assert plan.by_name("dns_req").residual == [1, 2]
+
+
+def test_json_contract():
+    doc = json.loads(json.dumps(build_plan(parse_queries(Q123), version=7).to_json()))
+    assert doc["version"] == 7
+    assert {"id", "text", "cost", "cheap", "selectivity"} <= set(doc["predicates"][0])
+    assert {"id", "predicates"} <= set(doc["bits"][0])
+    assert {"name", "slot", "signature", "ascs", "residual"} <= set(doc["queries"][0])
+    assert doc["ascs"] == []

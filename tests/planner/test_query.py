@@ -1,0 +1,106 @@
+"""The query language: parsing, normalisation, names, errors with line and column."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.query import QueryError, parse_queries, parse_single
+
+Q123 = """-- name: udp_bw
+SELECT time/60 AS t, src_ip, dst_ip, sum(wirelen) AS bytes, count(*) AS pkts
+FROM packets WHERE protocol = 17 GROUP BY time/60, src_ip, dst_ip;
+-- name: dns_req
+SELECT time/60 AS t, src_ip, dst_ip, sum(wirelen) AS bytes, count(*) AS pkts
+FROM packets WHERE protocol = 17 AND dst_port = 53 AND dns_qr = 0 GROUP BY time/60, src_ip, dst_ip;
+-- name: dns_resp
+SELECT time/60 AS t, src_ip, dst_ip, sum(wirelen) AS bytes, count(*) AS pkts
+FROM packets WHERE protocol = 17 AND src_port = 53 AND dns_qr = 1 GROUP BY time/60, src_ip, dst_ip;
+"""
+
+
+def test_design_queries():
+    qs = parse_queries(Q123)
+    assert [q.name for q in qs] == ["udp_bw", "dns_req", "dns_resp"]
+    assert all(q.period == 60 and q.keys == ("src_ip", "dst_ip") for q in qs)
+    assert [p.text for p in qs[1].predicates] == ["protocol = 17", "dst_port = 53", "dns_qr = 0"]
+    assert [o.name for o in qs[0].outputs] == ["t", "src_ip", "dst_ip", "bytes", "pkts"]
+
+
+def test_names_default_in_order_and_semicolons_in_strings():
+    qs = parse_queries("SELECT ts FROM packets WHERE dns_qname = 'a;b';\n"
+                       "SELECT ts FROM packets")
+    assert [q.name for q in qs] == ["q1", "q2"]
+    assert qs[0].predicates[0].text == "dns_qname = 'a;b'"
+
+
+@pytest.mark.parametrize("a,b", [
+    ("53 = dst_port", "dst_port = 53"),
+    ("80 < dst_port", "dst_port > 80"),
+    ("NOT (protocol = 6)", "protocol != 6"),
+    ("NOT protocol >= 6", "protocol < 6"),
+    ("dst_port IN (53)", "dst_port = 53"),
+    ("dst_port IN (443, 80, 80)", "dst_port IN (80, 443)"),
+    ("(src_port = 2 OR 1 = src_port)", "(src_port = 1 OR src_port = 2)"),
+    ("dst_port BETWEEN 10 AND 1", "dst_port BETWEEN 1 AND 10"),
+    ("src_ip = '10.0.0.1'", "in_prefix(src_ip, '10.0.0.1/32')"),
+    ("in_prefix(src_ip, '10.1.2.3/8')", "in_prefix(src_ip, '10.0.0.0/8')"),
+])
+def test_normalised_predicates_are_one(a, b):
+    """Equal predicates written differently are one base predicate (shared in the prefilter)."""
+    qa = parse_single(f"SELECT ts FROM packets WHERE {a}")
+    qb = parse_single(f"SELECT ts FROM packets WHERE {b}")
+    assert qa.predicates == qb.predicates
+
+
+@pytest.mark.parametrize("sql,line,col,reason", [
+    ("SELECT time/60, foo FROM packets GROUP BY time/60", 1, 17, "unknown field 'foo'"),
+    ("SELECT ts\nFROM packets\nWHERE  dst_port = 'x'", 3, 19, "whole number"),
+    ("SELECT time/60, sum(ttl) FROM packets GROUP BY time/60", 1, 21, "measures are"),
+    ("SELECT ts FROM packets WHERE src_ip < '1.2.3.4'", 1, 30, "not <"),
+    ("SELECT ts FROM nowhere", 1, 16, "unknown stream"),
+    ("SELECT time/60, src_ip, count(*) FROM packets GROUP BY time/60", 1, 17,
+     "must appear in GROUP BY"),
+    ("SELECT ts FROM packets WHERE regexp(dns_qname, '(')", 1, 48, "bad regular expression"),
+])
+def test_errors_name_line_and_column(sql, line, col, reason):
+    with pytest.raises(QueryError) as e:
+        parse_queries(sql)
+    assert (e.value.line, e.value.col) == (line, col)
+    assert reason in e.value.reason
+
+
+def test_syntax_error_position():
+    with pytest.raises(QueryError) as e:
+        parse_queries("SELECT ts\nFROM packets WHERE")
+    assert e.value.line == 2 and e.value.col >= 1
+    with pytest.raises(QueryError) as e:
+        parse_queries("SELECT FROM WHERE x = 3")
+    assert (e.value.line, e.value.col) == (1, 13)
+
+
+def test_error_lines_count_in_the_file():
+    text = Q123 + "-- name: bad\nSELECT time/60 FROM packets\nWHERE nope = 1 GROUP BY time/60;"
+    with pytest.raises(QueryError) as e:
+        parse_queries(text)
+    assert e.value.line == 12 and e.value.query == "bad"
+
+
+def test_duplicate_and_bad_names():
+    with pytest.raises(QueryError, match="duplicate"):
+        parse_queries("-- name: a\nSELECT ts FROM packets;\n-- name: a\nSELECT ts FROM packets")
+    with pytest.raises(QueryError, match="invalid query name"):
+        parse_queries("-- name: 9x\nSELECT ts FROM packets")
+
+
+def test_having_order_limit():
+    q = parse_single("SELECT time/10 AS t, dst_port, count(*) AS n, avg(wirelen) AS mean "
+                     "FROM packets GROUP BY time/10, dst_port HAVING count(*) >= 2 "
+                     "ORDER BY n DESC LIMIT 3")
+    assert q.period == 10 and q.keys == ("dst_port",)
+    assert [(c.column, c.op, c.value) for c in q.having] == [("n", ">=", 2)]
+    assert q.order == (("n", True),) and q.limit == 3
+
+
+def test_regexp_is_expensive_and_ports_cheap():
+    q = parse_single("SELECT ts FROM packets WHERE dst_port = 53 AND regexp(dns_qname, 'x')")
+    assert q.predicates[0].cost < 10 < q.predicates[1].cost
