@@ -1,0 +1,49 @@
+# flowsieve: `make run` starts the daemon on its embedded defaults, `make test` runs the tests.
+# Both create .venv and install from pyproject.toml when needed.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+CONFIG ?= config.example.yaml
+
+.PHONY: run test test-fast bench lint java clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+	  { echo "flowsieve needs Python >= 3.11 ($(PYTHON) is older)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+java:
+	@command -v java >/dev/null 2>&1 || { \
+	  echo "Java 17 is required by Apache Spark and was not found."; \
+	  echo "  Debian/Ubuntu: sudo apt-get install -y openjdk-17-jre-headless"; \
+	  echo "  macOS:         brew install openjdk@17"; exit 1; }
+	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	  if [ -n "$$v" ] && [ "$$v" -lt 17 ]; then \
+	    echo "Java $$v found; Apache Spark needs Java 17 or newer"; \
+	    echo "  Debian/Ubuntu: sudo apt-get install -y openjdk-17-jre-headless"; exit 1; fi
+
+run: $(STAMP) java
+	$(BIN)/flowsieve run --config $(CONFIG)
+
+# The whole suite, slow (Spark, daemon) tests included; exit code 5 (no tests) is a failure.
+test: $(STAMP) java
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: $(STAMP) java
+	@if ls bench/bench_*.py >/dev/null 2>&1; then \
+	  for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done; \
+	else echo "no benchmarks yet (bench/bench_*.py)"; fi
+
+lint: $(STAMP)
+	$(BIN)/ruff check capture planner collector api tests
+
+clean:
+	rm -rf var .pytest_cache .ruff_cache .hypothesis

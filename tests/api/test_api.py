@@ -1,0 +1,73 @@
+"""The control plane over a collector with no sources and no Spark (the daemon test covers
+the whole pipeline)."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from collector.config import load_settings
+from collector.service import Collector
+
+
+@pytest.fixture
+def client(tmp_path):
+    c = Collector(load_settings(var_dir=tmp_path / "var"))
+    c.start(with_sources=False, with_spark=False)
+    with TestClient(create_app(c)) as client:
+        yield client
+    c.stop()
+
+
+def test_initial_queries_registered(client):
+    r = client.get("/queries")
+    assert r.status_code == 200
+    assert [q["name"] for q in r.json()] == ["udp_bw", "dns_req", "dns_resp"]
+    assert [q["slot"] for q in r.json()] == [0, 1, 2]
+
+
+def test_register_rebuilds_plan(client):
+    v0 = client.get("/prefilter").json()["version"]
+    r = client.post("/queries", json={"name": "dns_big", "sql":
+                    "SELECT time/10 AS t, count(*) AS n FROM packets "
+                    "WHERE src_port = 53 AND wirelen > 512 GROUP BY time/10"})
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["slot"] == 3 and body["period_s"] == 10 and body["columns"] == ["t", "n"]
+    plan = client.get("/prefilter").json()
+    assert plan["version"] == v0 + 1
+    texts = {p["text"] for p in plan["predicates"]}
+    assert {"src_port = 53", "wirelen > 512"} <= texts
+    assert client.get("/queries/dns_big").json()["name"] == "dns_big"
+    assert client.get("/queries/dns_big/results").json() == {"name": "dns_big",
+                                                             "columns": ["t", "n"], "rows": []}
+
+
+def test_errors(client):
+    r = client.post("/queries", json={"name": "bad", "sql": "SELECT ts FROM packets\n"
+                                                           "WHERE nope = 1"})
+    assert r.status_code == 422
+    assert r.json()["detail"]["line"] == 2 and r.json()["detail"]["column"] == 7
+    r = client.post("/queries", json={"name": "udp_bw", "sql": "SELECT ts FROM packets"})
+    assert r.status_code == 409
+    r = client.post("/queries", json={"name": "1bad", "sql": "SELECT ts FROM packets"})
+    assert r.status_code == 422
+    assert client.get("/queries/nope").status_code == 404
+    assert client.delete("/queries/nope").status_code == 404
+    assert client.get("/queries/nope/results").status_code == 404
+
+
+def test_delete_holds_slot(client):
+    assert client.delete("/queries/dns_req").status_code == 204
+    assert [q["name"] for q in client.get("/queries").json()] == ["udp_bw", "dns_resp"]
+    r = client.post("/queries", json={"name": "again", "sql": "SELECT ts FROM packets"})
+    assert r.json()["slot"] == 3, "slot 1 is held until no spool file can reference it"
+
+
+def test_metrics_and_health(client):
+    r = client.get("/metrics")
+    assert r.status_code == 200 and "text/plain" in r.headers["content-type"]
+    assert "flowsieve_plan_version" in r.text and "flowsieve_queries 3.0" in r.text
+    h = client.get("/healthz").json()
+    assert h["status"] == "ok" and h["queries"] == 3
