@@ -77,7 +77,7 @@ initial_queries: {tmp_path / 'q.sql'}
             proc.wait()
         log.close()
         if proc.returncode not in (0, -signal.SIGTERM):
-            print((tmp_path / "daemon.log").read_text()[-5000:])
+            sys.stderr.write((tmp_path / "daemon.log").read_text()[-5000:])
 
 
 def rows(base, name):

@@ -38,6 +38,7 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    log4j = Path(__file__).with_name("log4j2.properties")
     b = (SparkSession.builder.master(master).appName(app_name)
          .config("spark.driver.memory", driver_memory)
          .config("spark.ui.enabled", "false")
@@ -45,7 +46,8 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
          .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
          .config("spark.sql.session.timeZone", "UTC")
          .config("spark.driver.bindAddress", "127.0.0.1")
-         .config("spark.sql.streaming.noDataMicroBatches.enabled", "true"))
+         .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
+         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}"))
     if rocksdb:
         b = b.config("spark.sql.streaming.stateStore.providerClass", ROCKSDB).config(
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
