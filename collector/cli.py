@@ -208,6 +208,7 @@ def cmd_run(args) -> int:
     check_java()
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per Spark callback
     collector = Collector(settings)
     app = create_app(collector, manage=True)
     uvicorn.run(app, host=settings.api.host, port=settings.api.port, log_level="info")

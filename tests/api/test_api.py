@@ -71,3 +71,20 @@ def test_metrics_and_health(client):
     assert "flowsieve_plan_version" in r.text and "flowsieve_queries 3.0" in r.text
     h = client.get("/healthz").json()
     assert h["status"] == "ok" and h["queries"] == 3
+
+
+def test_registry_survives_restart(tmp_path):
+    """Queries, slots and the plan version persist in SQLite across a restart."""
+    settings = load_settings(var_dir=tmp_path / "var")
+    c = Collector(settings)
+    c.start(with_sources=False, with_spark=False)
+    c.register("extra", "SELECT ts FROM packets WHERE dst_port = 22")
+    c.delete("dns_req")
+    version = c.plan.version
+    c.stop()
+    c2 = Collector(settings)
+    c2.start(with_sources=False, with_spark=False)
+    assert [(q.name, s) for q, s in c2.queries()] == [("udp_bw", 0), ("dns_resp", 2),
+                                                      ("extra", 3)]
+    assert c2.plan.version == version + 1
+    c2.stop()

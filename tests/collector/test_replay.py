@@ -58,13 +58,18 @@ def test_replay_q123_equals_dpkt(name, spark, tmp_path):
     assert not list((tmp_path / "spool" / "packets" / "60").glob("*.arrow"))
 
 
+def replay_command(path, fmt: str) -> subprocess.CompletedProcess:
+    """``flowsieve replay`` of Q1-Q3 in its own process (own JVM)."""
+    return subprocess.run(
+        [sys.executable, "-m", "collector.cli", "replay", str(path), "--queries",
+         data_file("example.sql"), "--format", fmt],
+        capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
 def test_replay_command_csv(tmp_path):
     """The command itself (own JVM): csv header, one row per result row, dpkt's numbers."""
     path = capture("wikipedia.pcap")
-    out = subprocess.run(
-        [sys.executable, "-m", "collector.cli", "replay", str(path), "--queries",
-         data_file("example.sql"), "--format", "csv"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300)
+    out = replay_command(path, "csv")
     assert out.returncode == 0, out.stderr[-2000:]
     rows = list(csv.DictReader(io.StringIO(out.stdout)))
     assert list(rows[0]) == ["query", "t", "src_ip", "dst_ip", "bytes", "pkts"]
@@ -78,11 +83,7 @@ def test_replay_command_csv(tmp_path):
 
 def test_replay_corrupt_capture_answers_what_was_read(tmp_path):
     """A truncated capture: the records before the fault are answered, then `error: …`."""
-    path = capture("unexpected_eof_on_second_packet.pcap")
-    out = subprocess.run(
-        [sys.executable, "-m", "collector.cli", "replay", str(path), "--queries",
-         data_file("example.sql"), "--format", "json"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300)
+    out = replay_command(capture("unexpected_eof_on_second_packet.pcap"), "json")
     assert out.returncode == 1
     assert out.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "at byte 248" in out.stderr
