@@ -353,12 +353,6 @@ def _ip_binary(col: np.ndarray, valid: np.ndarray) -> pa.Array:
         null_count=int((~valid).sum()))
 
 
-def groups_for(field_names) -> set[str]:
-    """The protocol-layer groups that hold the given fields."""
-    cat = fields("packets")
-    return {cat[n].group for n in field_names if n in cat}
-
-
 def unpack(raw, want_groups: set[str] | None = None) -> TupleBatch:
     """Unpack a RawBatch; ``want_groups`` limits the optional groups (dns, dns_name)."""
     n = len(raw)

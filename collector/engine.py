@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from capture.fields import fields, groupable, measures
+from capture.fields import fields, measures
 from capture.pcap import RawBatch
 from capture.unpack import TupleBatch, unpack
 from collector.metrics import Metrics
@@ -228,7 +228,3 @@ class Engine:
     def heartbeat(self, now_s: int) -> None:
         """Live sources: advance the watermark to the current window so quiet windows close."""
         self._punctuate(lambda p: (now_s // p) * p)
-
-
-def groupable_names(stream: str) -> list[str]:
-    return [f.name for f in groupable(stream)]

@@ -99,6 +99,8 @@ def project_selection(query: Query, rows: pa.Table) -> pa.Table:
     for o in query.outputs:
         col = rows.column(o.field).combine_chunks()
         cols[o.name] = _ip_strings(col) if cat[o.field].kind == IP else col
+    ts = next(f.name for f in cat.values() if f.kind == TS)  # packets: ts; flows: first_switched
+    cols["_ts"] = rows.column(ts).combine_chunks()  # answers are read back in time order
     return pa.table(cols)
 
 
@@ -132,7 +134,7 @@ def read_results(root: str | os.PathLike, query: Query, last_windows: int | None
         return pa.table({o.name: pa.array([], pa.null()) for o in query.outputs})
     table = pa.concat_tables(tables, promote_options="permissive")
     if query.is_selection:
-        return table
+        return table.sort_by("_ts") if "_ts" in table.column_names else table
     if last_windows is not None:
         ws = pc.unique(table.column("window_start")).to_pylist()
         keep = sorted(ws)[-last_windows:] if last_windows else []
@@ -206,7 +208,3 @@ def format_results(results: Iterable[tuple[Query, list[dict]]], fmt: str) -> str
                     lines.append("  ".join("-" * w for w in widths))
             lines.append("")
     return "\n".join(lines) + ("\n" if lines else "")
-
-
-def ts_field_names(stream: str) -> list[str]:
-    return [f.name for f in fields(stream).values() if f.kind == TS]

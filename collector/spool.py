@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from capture.fields import STRING, fields, groupable, measures
+from capture.fields import fields, groupable, measures
 
 SUFFIX = ".arrow"
 TS_US = pa.timestamp("us", tz="UTC")
@@ -173,7 +173,3 @@ def punctuation(stream: str, window_start_s: int, plan_version: int, probe: str,
         "batch_seq": pa.array([-1], pa.int64()),
     }
     return pa.RecordBatch.from_arrays(null_columns(schema, 1, present), schema=schema)
-
-
-def string_fields(stream: str) -> list[str]:
-    return [f.name for f in fields(stream).values() if f.kind == STRING]

@@ -89,3 +89,44 @@ def test_replay_corrupt_capture_answers_what_was_read(tmp_path):
     assert "at byte 248" in out.stderr
     # the one readable packet is UDP (ok.pcap's first packet: SSDP from fe80::...)
     assert '"query": "udp_bw"' in out.stdout
+
+
+def test_replay_selection_topn_and_regexp(spark, tmp_path):
+    """Selection, HAVING + ORDER BY … LIMIT per window, avg/min/max and a regexp residual,
+    against dpkt (fields) and scapy (wire lengths) on wikipedia.pcap (one minute)."""
+    path = capture("wikipedia.pcap")
+    queries = parse_queries("""
+-- name: dns_sel
+SELECT ts, src_ip, dst_port FROM packets WHERE protocol = 17 AND dst_port = 53;
+-- name: tcp_top
+SELECT time/60 AS t, dst_port, count(*) AS n, avg(wirelen) AS mean, min(wirelen) AS lo,
+       max(wirelen) AS hi
+FROM packets WHERE protocol = 6 GROUP BY time/60, dst_port
+HAVING count(*) >= 2 ORDER BY n DESC LIMIT 3;
+-- name: wiki_names
+SELECT time/60 AS t, count(*) AS n FROM packets WHERE regexp(dns_qname, 'wiki') GROUP BY time/60
+""")
+    res = replay(path, queries, tmp_path, spark)
+    answers = {q.name: rows_of(q, t) for q, t in res.answers}
+    wirelens = [meta.wirelen for _, meta in RawPcapReader(str(path))]
+    pkts = packets(path)
+
+    sel = [p for p in pkts if p["protocol"] == 17 and p["dst_port"] == 53]
+    assert [(r["src_ip"], r["dst_port"]) for r in answers["dns_sel"]] == \
+        [(p["src_ip"], 53) for p in sel]
+
+    by_port = defaultdict(list)
+    for p, wl in zip(pkts, wirelens, strict=True):
+        if p["protocol"] == 6:
+            by_port[p["dst_port"]].append(wl)
+    groups = {port: (len(w), sum(w) / len(w), min(w), max(w)) for port, w in by_port.items()
+              if len(w) >= 2}
+    top = answers["tcp_top"]
+    assert len(top) == min(3, len(groups))
+    assert [r["n"] for r in top] == sorted((g[0] for g in groups.values()), reverse=True)[:3]
+    for r in top:
+        assert (r["n"], r["mean"], r["lo"], r["hi"]) == pytest.approx(groups[r["dst_port"]])
+
+    wiki = sum(1 for p in pkts if p["dns_qname"] and "wiki" in p["dns_qname"])
+    assert wiki > 0 and [r["n"] for r in answers["wiki_names"]] == [wiki]
+    assert res.engine.metrics.residual_evals.labels("packets")._value.get() > 0
