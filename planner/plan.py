@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from capture.fields import fields
-from planner.cover import assign_bits
+from planner.cover import Cover, cover_matrix
 from planner.query import Predicate, Query
 
 
@@ -55,6 +55,7 @@ class Plan:
     bit_budget: int | None = None
     bpf: str = ""
     ascs: list = field(default_factory=list)
+    cover: Cover | None = None
 
     def by_name(self, name: str) -> QueryPlan:
         for qp in self.queries:
@@ -98,6 +99,10 @@ class Plan:
                       "text": " AND ".join(self.predicates[p].predicate.text for p in b)}
                      for i, b in enumerate(self.bits)],
             "ascs": self.ascs,
+            "rectangles": [{"predicates": list(p), "queries": list(q)}
+                           for p, q in (self.cover.rectangles if self.cover else [])],
+            "candidate_rectangles": self.cover.candidates if self.cover else 0,
+            "expected_invocations": self.cover.expected_invocations if self.cover else None,
             "queries": [qp.to_json() for qp in self.queries],
             "unpack_groups": {s: sorted(self.unpack_groups(s)) for s in self.streams()},
             "bpf": self.bpf,
@@ -105,17 +110,30 @@ class Plan:
 
     def explain(self) -> str:
         """The plan as text, for ``flowsieve plan``."""
+        cheap = sum(p.cheap for p in self.predicates)
         lines = [f"plan version {self.version}: {len(self.queries)} queries, "
-                 f"{len(self.predicates)} base predicates, {len(self.bits)} prefilter bits "
-                 f"(cheap cost <= {self.cheap_cost:g})", "", "base predicates:"]
+                 f"{len(self.predicates)} base predicates ({cheap} cheap), {len(self.bits)} "
+                 f"prefilter bits (cheap cost <= {self.cheap_cost:g}, budget "
+                 f"{'none' if self.bit_budget is None else self.bit_budget})", "",
+                 "base predicates:"]
         for p in self.predicates:
             sel = "?" if p.selectivity is None else f"{p.selectivity:.4f}"
             kind = "cheap" if p.cheap else "expensive"
             lines.append(f"  p{p.id:<3} {kind:9} cost {p.cost:5g}  sel {sel:>6}  "
                          f"{p.predicate.text}")
-        lines += ["", "prefilter bits:"]
+        if self.cover is not None:
+            how = ("largest drop in expected invocations" if self.cover.by_selectivity
+                   else "most uncovered ones")
+            lines += ["", f"rectangles chosen ({how}; {self.cover.candidates} candidates "
+                      "after pruning):"]
+            for p, q in self.cover.rectangles:
+                lines.append(f"  {{{', '.join(f'p{x}' for x in p)}}} x {{{', '.join(q)}}}")
+        lines += ["", "prefilter bits (after overlap elimination):"]
         for i, b in enumerate(self.bits):
             lines.append(f"  b{i:<3} " + " AND ".join(f"p{p}" for p in b))
+        if self.cover is not None and self.cover.expected_invocations is not None:
+            lines.append(f"\nexpected query invocations per tuple: "
+                         f"{self.cover.expected_invocations:.3f} of {len(self.queries)}")
         lines += ["", "queries:"]
         for qp in self.queries:
             q = qp.query
@@ -130,8 +148,10 @@ class Plan:
 
 
 def build_plan(queries: list[Query], slots: dict[str, int] | None = None, version: int = 1,
-               cheap_cost: float = 10.0, bit_budget: int | None = None) -> Plan:
-    """Compile queries into a plan; ``slots`` maps query names to slots (default: in order)."""
+               cheap_cost: float = 10.0, bit_budget: int | None = None,
+               selectivity: dict[str, float] | None = None, max_j: int = 4) -> Plan:
+    """Compile queries into a plan; ``slots`` maps query names to slots (default: in order);
+    ``selectivity`` maps predicate texts to measured selectivities."""
     if slots is None:
         slots = {q.name: i for i, q in enumerate(queries)}
     ids: dict[Predicate, int] = {}
@@ -143,19 +163,33 @@ def build_plan(queries: list[Query], slots: dict[str, int] | None = None, versio
                 cost = p.cost
                 # variable-offset fields (dns_qname) are never prefilter candidates
                 fixed = not any(fields(p.stream)[f].variable_offset for f in p.fields)
-                infos.append(PredicateInfo(len(infos), p, cost, fixed and cost <= cheap_cost))
+                infos.append(PredicateInfo(len(infos), p, cost, fixed and cost <= cheap_cost,
+                                           (selectivity or {}).get(p.text)))
     matrix: dict[int, set[str]] = {}
     for q in queries:
         for p in q.predicates:
             if infos[ids[p]].cheap:
                 matrix.setdefault(ids[p], set()).add(q.name)
-    bits = assign_bits(matrix, bit_budget)
-    covered = {p for b in bits for p in b}
+    # one prefilter per stream: bits never mix streams
+    bits: list[tuple[int, ...]] = []
+    covers = []
+    for stream in sorted({q.stream for q in queries}):
+        rows = {p: qs for p, qs in matrix.items() if infos[p].predicate.stream == stream}
+        cover = cover_matrix(rows, bit_budget, {p: infos[p].selectivity for p in rows}, max_j)
+        covers.append(cover)
+        bits.extend(cover.bits)
     qplans = []
     for q in queries:
         pids = [ids[p] for p in q.predicates]
         sig = [i for i, b in enumerate(bits) if set(b) <= set(pids)]
+        covered = {p for i in sig for p in bits[i]}
         residual = [p for p in pids if p not in covered]
         qplans.append(QueryPlan(q, slots[q.name], pids, sig, residual))
     qplans.sort(key=lambda qp: qp.slot)
-    return Plan(version, infos, bits, qplans, cheap_cost, bit_budget)
+    merged = None
+    if covers:
+        exp = [c.expected_invocations for c in covers]
+        merged = Cover([r for c in covers for r in c.rectangles], bits,
+                       sum(c.candidates for c in covers),
+                       None if None in exp else sum(exp), all(c.by_selectivity for c in covers))
+    return Plan(version, infos, bits, qplans, cheap_cost, bit_budget, cover=merged)

@@ -58,7 +58,8 @@ def test_plan_json_contract():
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert [q["name"] for q in doc["queries"]] == ["udp_bw", "dns_req", "dns_resp"]
-    assert len(doc["bits"]) == 5 and doc["queries"][1]["signature"] == [0, 1, 2]
+    assert [b["predicates"] for b in doc["bits"]] == [[0], [1, 2], [3, 4]]
+    assert doc["queries"][1]["signature"] == [0, 1]
 
 
 def test_errors_are_one_line(tmp_path, capsys):

@@ -109,3 +109,25 @@ def test_prefilter_alone_is_a_superset():
     want = np.array([p["dst_port"] == 53 for p in refs])
     assert np.array_equal(Q.astype(bool), want)
     assert want.sum() > 0
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads, st.one_of(st.none(), st.integers(0, 8)))
+def test_prefilter_alone_superset_and_exact_when_all_fit(workload, budget):
+    """Before the residual step: the invoked set is a superset of the queries whose cheap
+    predicates all hold, and equals it when every candidate fits (no budget)."""
+    sql = ";\n".join("SELECT ts FROM packets" + (" WHERE " + " AND ".join(ATOMS[a][0]
+                                                                        for a in atoms)
+                                                  if atoms else "")
+                     for atoms in workload)
+    plan = build_plan(parse_queries(sql), bit_budget=budget)
+    cp = compile_prefilter(plan, "packets")
+    Q = np.concatenate([run_prefilter(cp, tb)[1] for tb in corpus()[0]])
+    refs = corpus()[1]
+    for slot, atoms in enumerate(workload):
+        cheap = [a for a in atoms if "dns_qname" not in ATOMS[a][0]]
+        got = ((Q[:, slot >> 6] >> np.uint64(slot & 63)) & np.uint64(1)).astype(bool)
+        want = np.array([all(ATOMS[a][1](p) for a in cheap) for p in refs])
+        assert not (want & ~got).any(), "the prefilter dropped a tuple the query accepts"
+        if budget is None:
+            assert np.array_equal(got, want)

@@ -10,15 +10,16 @@ from tests.planner.test_query import Q123
 
 
 def test_paper_figure_1():
-    """Golab et al., section 1: Q1-Q3 have five distinct predicates, protocol=UDP shared."""
+    """Golab et al., section 1: the five distinct predicates of Q1-Q3 fit in three bits,
+    protocol=UDP, (dest_port=53 AND qr=0) and (src_port=53 AND qr=1)."""
     plan = build_plan(parse_queries(Q123))
     texts = [p.predicate.text for p in plan.predicates]
     assert texts == ["protocol = 17", "dst_port = 53", "dns_qr = 0", "src_port = 53",
                      "dns_qr = 1"]
-    assert len(plan.bits) == 5
+    assert plan.bits == [(0,), (1, 2), (3, 4)]
     sigs = {qp.query.name: [plan.bits[b] for b in qp.signature] for qp in plan.queries}
-    assert sigs == {"udp_bw": [(0,)], "dns_req": [(0,), (1,), (2,)],
-                    "dns_resp": [(0,), (3,), (4,)]}
+    assert sigs == {"udp_bw": [(0,)], "dns_req": [(0,), (1, 2)], "dns_resp": [(0,), (3, 4)]}
+    assert all(not qp.residual for qp in plan.queries)
 
 
 def test_expensive_predicates_are_residual():
