@@ -76,7 +76,10 @@ class SpoolConfig(BaseModel):
 class PlannerConfig(BaseModel):
     cheap_cost: float = Field(10.0, gt=0, description="base predicates up to this cost are "
                               "prefilter candidates")
-    bit_budget: int | None = Field(None, ge=0, description="prefilter bits; none = unlimited")
+    bit_budget: int | None = Field(64, ge=0, description="prefilter bits (several 64-bit words "
+                                   "beyond 64); null = one per rectangle of the cover")
+    max_j: int = Field(4, ge=1, le=16, description="most predicates in a rectangle grown by "
+                       "Figure 4 (columns may hold more)")
 
 
 class SourceConfig(BaseModel):

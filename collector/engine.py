@@ -18,6 +18,7 @@ from capture.unpack import TupleBatch, unpack
 from collector.metrics import Metrics
 from collector.prefilter import CompiledPrefilter, compile_prefilter, run_prefilter
 from collector.residual import Residual
+from collector.selectivity import SelectivityMeter
 from collector.spool import (
     TS_US,
     Spool,
@@ -61,8 +62,10 @@ class Engine:
     """Runs the current plan over batches of one stream and writes the spool."""
 
     def __init__(self, spool: Spool, stream: str = "packets", metrics: Metrics | None = None,
-                 probe: str = "flowsieve", watermark_delay_s: int = 1):
+                 probe: str = "flowsieve", watermark_delay_s: int = 1,
+                 meter: SelectivityMeter | None = None):
         self.spool = spool
+        self.meter = meter
         self.stream = stream
         self.metrics = metrics or Metrics()
         self.probe = probe
@@ -127,6 +130,8 @@ class Engine:
         return self.process_tuples(c, tb)
 
     def process_tuples(self, c: _Compiled, tb: TupleBatch) -> int:
+        if self.meter is not None:
+            self.meter.observe(c.plan, tb)
         _, Q = run_prefilter(c.prefilter, tb)
         if c.residual:
             before = c.residual.evaluated

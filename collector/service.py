@@ -20,6 +20,7 @@ from collector.engine import Engine
 from collector.metrics import Metrics
 from collector.registry import Registry
 from collector.results import clear_results, read_results
+from collector.selectivity import SelectivityMeter
 from collector.sources import PcapFileSource
 from collector.spool import Spool
 from planner.plan import Plan, build_plan
@@ -34,6 +35,7 @@ class Collector:
     def __init__(self, settings: Settings, spark=None):
         self.settings = settings
         self.metrics = Metrics()
+        self.meter = SelectivityMeter()
         self._spark = spark
         self.spark = None
         self.job = None
@@ -60,7 +62,7 @@ class Collector:
         self.sources = [PcapFileSource(c.path, c.name, c.loop, c.restamp, s.batch_size)
                         for c in s.sources]
         self.engines = [Engine(self.spool, "packets", self.metrics, s.probe,
-                               s.spark.watermark_delay_s) for _ in self.sources]
+                               s.spark.watermark_delay_s, self.meter) for _ in self.sources]
         self.rebuild()
         if with_spark:
             from collector.spark.job import SparkJob, build_session
@@ -122,7 +124,8 @@ class Collector:
             entries = self.registry.entries()
             p = self.settings.planner
             plan = build_plan([q for q, _ in entries], {q.name: s for q, s in entries},
-                              self.registry.next_version(), p.cheap_cost, p.bit_budget)
+                              self.registry.next_version(), p.cheap_cost, p.bit_budget,
+                              self.meter.selectivities(), p.max_j)
             self._slot_queries.clear()
             self._slot_queries.update({s: q for q, s in entries})
             self.plan = plan

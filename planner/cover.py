@@ -219,7 +219,8 @@ def cover_matrix(rows: Mapping[Hashable, set | frozenset], budget: int | None = 
                  ) -> Cover:
     """Rectangle covering of M (predicate id -> queries referencing it) into prefilter bits.
 
-    Selectivities are used (section 2.3) only when every candidate has one."""
+    Selectivities, when every candidate has one, give the expected invocations per tuple; they
+    choose the rectangles (section 2.3) only under a bit budget, where the choice matters."""
     if not rows:
         return Cover([], [], 0, None, False)
     m = Matrix(rows)
@@ -227,12 +228,12 @@ def cover_matrix(rows: Mapping[Hashable, set | frozenset], budget: int | None = 
     if selectivity is not None and all(selectivity.get(p) is not None for p in m.pred_ids):
         sel = [float(selectivity[p]) for p in m.pred_ids]
     rects = find_rectangles(m, max_j)
-    chosen = greedy_cover(m, rects, budget, sel)
+    by_sel = sel is not None and budget is not None
+    chosen = greedy_cover(m, rects, budget, sel if by_sel else None)
     bits = eliminate_overlap([r.preds for r in chosen])
     expected = expected_invocations(bits, m, sel) if sel is not None else None
     return Cover([(m.preds(r.preds), tuple(m.query_ids[j] for j in bits_of(r.queries)))
-                  for r in chosen], [m.preds(b) for b in bits], len(rects), expected,
-                 sel is not None)
+                  for r in chosen], [m.preds(b) for b in bits], len(rects), expected, by_sel)
 
 
 def assign_bits(rows: Mapping[Hashable, set | frozenset], budget: int | None = None,

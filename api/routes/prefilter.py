@@ -11,8 +11,15 @@ router = APIRouter(prefix="/prefilter", tags=["prefilter"])
 
 @router.get("")
 def get_prefilter(c: CollectorDep) -> dict:
-    """The running plan: predicates, bits, signatures, residuals (the JSON of `flowsieve plan`)."""
-    return c.plan.to_json() if c.plan else {}
+    """The running plan: predicates (with selectivities measured since), bits, rectangles,
+    signatures, residuals (the JSON of `flowsieve plan`)."""
+    if c.plan is None:
+        return {}
+    doc = c.plan.to_json()
+    measured = c.meter.selectivities()
+    for p in doc["predicates"]:
+        p["selectivity"] = measured.get(p["text"], p["selectivity"])
+    return doc
 
 
 @router.post("/rebuild")
