@@ -92,8 +92,12 @@ def _read_queries(path: str):
 
 
 def cmd_plan(args) -> int:
+    from collector.config import load_settings
     from planner.plan import build_plan
-    plan = build_plan(_read_queries(args.queries), bit_budget=args.bits)
+    settings = load_settings()
+    plan = build_plan(_read_queries(args.queries), bit_budget=args.bits,
+                      cheap_cost=settings.planner.cheap_cost, max_j=settings.planner.max_j,
+                      asc_min_constants=settings.asc.min_constants)
     if args.format == "json":
         print(json.dumps(plan.to_json(), indent=2))
     else:
@@ -179,7 +183,7 @@ def cmd_replay(args) -> int:
         try:
             res = replay(args.capture, queries, work, spark, bit_budget=args.bits,
                          cheap_cost=settings.planner.cheap_cost,
-                         watermark_delay_s=s.watermark_delay_s)
+                         watermark_delay_s=s.watermark_delay_s, asc=settings.asc)
         except NotImplementedError as e:
             raise CliError(str(e)) from e
         finally:

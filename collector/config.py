@@ -82,6 +82,16 @@ class PlannerConfig(BaseModel):
                        "Figure 4 (columns may hold more)")
 
 
+class AscConfig(BaseModel):
+    min_constants: int = Field(3, ge=1, description="an attribute whose predicates use this "
+                               "many constants, or any range, is served by an ASC")
+    strategy: Literal["hybrid", "macro", "fixed"] = "hybrid"
+    period_tuples: int = Field(100_000, ge=1, description="λ: tuples per monitoring period")
+    mu: float = Field(0.1, ge=0, description="μ: re-choose the ASC sequence when the dropping "
+                      "ratio moved by this fraction (eq. 5)")
+    sample: int = Field(2048, ge=16, le=1 << 20, description="tuples sampled per period")
+
+
 class SourceConfig(BaseModel):
     type: Literal["pcap"] = "pcap"
     path: str = Field(default_factory=lambda: data_file("sample.pcap"))
@@ -103,6 +113,7 @@ class Settings(BaseSettings):
     spark: SparkConfig = Field(default_factory=SparkConfig)
     spool: SpoolConfig = Field(default_factory=SpoolConfig)
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
+    asc: AscConfig = Field(default_factory=AscConfig)
     batch_size: int = Field(65536, ge=1, le=1 << 22)
     sources: list[SourceConfig] = Field(default_factory=lambda: [SourceConfig()])
     initial_queries: str | None = Field(

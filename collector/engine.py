@@ -15,8 +15,9 @@ import pyarrow as pa
 from capture.fields import fields, measures
 from capture.pcap import RawBatch
 from capture.unpack import TupleBatch, unpack
+from collector.config import AscConfig
 from collector.metrics import Metrics
-from collector.prefilter import CompiledPrefilter, compile_prefilter, run_prefilter
+from collector.prefilter import AscRuntime, CompiledPrefilter, compile_prefilter, run_prefilter
 from collector.residual import Residual
 from collector.selectivity import SelectivityMeter
 from collector.spool import (
@@ -45,6 +46,7 @@ class FolderPlan:
 class _Compiled:
     plan: Plan
     prefilter: CompiledPrefilter
+    asc: AscRuntime
     residual: Residual
     groups: set[str]
     folders: list[FolderPlan]
@@ -63,8 +65,9 @@ class Engine:
 
     def __init__(self, spool: Spool, stream: str = "packets", metrics: Metrics | None = None,
                  probe: str = "flowsieve", watermark_delay_s: int = 1,
-                 meter: SelectivityMeter | None = None):
+                 meter: SelectivityMeter | None = None, asc: AscConfig | None = None):
         self.spool = spool
+        self.asc_config = asc or AscConfig()
         self.meter = meter
         self.stream = stream
         self.metrics = metrics or Metrics()
@@ -103,10 +106,18 @@ class Engine:
             period = qps[0].query.period
             folders.append(FolderPlan(self.stream, folder, period, [qp.slot for qp in qps],
                                       sorted(nodes.items())))
-        return _Compiled(plan, compile_prefilter(plan, self.stream),
-                         Residual(plan, self.stream), plan.unpack_groups(self.stream), folders,
+        cp = compile_prefilter(plan, self.stream)
+        a = self.asc_config
+        runtime = AscRuntime(cp, a.strategy, a.period_tuples, a.mu, a.sample)
+        return _Compiled(plan, cp, runtime, Residual(plan, self.stream),
+                         plan.unpack_groups(self.stream), folders,
                          {qp.slot: qp.query.name for qp in plan.queries
                           if qp.query.stream == self.stream})
+
+    def asc_state(self) -> dict | None:
+        """The running ASC sequence (for GET /prefilter)."""
+        c = self._c
+        return c.asc.describe() if c is not None and c.prefilter.ascs else None
 
     @property
     def plan(self) -> Plan | None:
@@ -132,7 +143,12 @@ class Engine:
     def process_tuples(self, c: _Compiled, tb: TupleBatch) -> int:
         if self.meter is not None:
             self.meter.observe(c.plan, tb)
-        _, Q = run_prefilter(c.prefilter, tb)
+        evals, moves = c.asc.evaluations, c.asc.rearrangements
+        _, Q = run_prefilter(c.prefilter, tb, c.asc)
+        if c.asc.evaluations != evals:
+            self.metrics.asc_evaluations.labels(self.stream).inc(c.asc.evaluations - evals)
+        if c.asc.rearrangements != moves:
+            self.metrics.asc_rearrangements.labels(self.stream).inc(c.asc.rearrangements - moves)
         if c.residual:
             before = c.residual.evaluated
             c.residual.apply(tb, Q)

@@ -27,6 +27,12 @@ class Metrics:
         self.residual_evals = Counter("flowsieve_residual_evaluations",
                                       "Residual predicate evaluations (one per tuple and "
                                       "predicate)", ["stream"], registry=r)
+        self.asc_evaluations = Counter("flowsieve_asc_evaluations",
+                                       "ASC region look-ups (one per tuple and ASC evaluated)",
+                                       ["stream"], registry=r)
+        self.asc_rearrangements = Counter("flowsieve_asc_rearrangements",
+                                          "Times the ASC sequence was re-chosen (eq. 5)",
+                                          ["stream"], registry=r)
         self.spool_files = Counter("flowsieve_spool_files", "Spool files written",
                                    ["stream", "folder"], registry=r)
         self.spool_rows = Counter("flowsieve_spool_rows", "Rows written to the spool",

@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from capture.errors import DecodeError
 from capture.pcap import PcapReader
+from collector.config import AscConfig
 from collector.engine import Engine
 from collector.metrics import Metrics
 from collector.results import read_results
@@ -26,7 +27,7 @@ class ReplayResult:
 def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.PathLike,
            spark, *, batch_size: int = 65536, cheap_cost: float = 10.0,
            bit_budget: int | None = None, watermark_delay_s: int = 1,
-           metrics: Metrics | None = None) -> ReplayResult:
+           metrics: Metrics | None = None, asc: AscConfig | None = None) -> ReplayResult:
     """Run ``queries`` over a capture file; the answers of every window (end of input closes
     them all). A decode error stops the input: what came before it is answered, and the error
     is returned."""
@@ -37,9 +38,12 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
         raise NotImplementedError(f"queries FROM flows ({', '.join(flows)}) are not supported "
                                   "yet: the NetFlow/IPFIX collector is not built")
     work = Path(workdir)
-    plan = build_plan(queries, cheap_cost=cheap_cost, bit_budget=bit_budget)
+    asc = asc or AscConfig()
+    plan = build_plan(queries, cheap_cost=cheap_cost, bit_budget=bit_budget,
+                      asc_min_constants=asc.min_constants)
     metrics = metrics or Metrics()
-    engine = Engine(Spool(work / "spool"), "packets", metrics, "replay", watermark_delay_s)
+    engine = Engine(Spool(work / "spool"), "packets", metrics, "replay", watermark_delay_s,
+                    asc=asc)
     engine.set_plan(plan)
     error = None
     reader = PcapReader(capture, batch_size)

@@ -62,7 +62,8 @@ class Collector:
         self.sources = [PcapFileSource(c.path, c.name, c.loop, c.restamp, s.batch_size)
                         for c in s.sources]
         self.engines = [Engine(self.spool, "packets", self.metrics, s.probe,
-                               s.spark.watermark_delay_s, self.meter) for _ in self.sources]
+                               s.spark.watermark_delay_s, self.meter, s.asc)
+                        for _ in self.sources]
         self.rebuild()
         if with_spark:
             from collector.spark.job import SparkJob, build_session
@@ -122,10 +123,10 @@ class Collector:
         """Compile the registered queries into a new plan version and hand it to the engines."""
         with self._rebuild_lock:
             entries = self.registry.entries()
-            p = self.settings.planner
+            p, s = self.settings.planner, self.settings
             plan = build_plan([q for q, _ in entries], {q.name: s for q, s in entries},
                               self.registry.next_version(), p.cheap_cost, p.bit_budget,
-                              self.meter.selectivities(), p.max_j)
+                              self.meter.selectivities(), p.max_j, s.asc.min_constants)
             self._slot_queries.clear()
             self._slot_queries.update({s: q for q, s in entries})
             self.plan = plan

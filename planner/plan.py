@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from capture.fields import fields
+from planner.asc import ASC, add_candidate_arrows, asc_attributes, build_asc, single_attribute
 from planner.cover import Cover, cover_matrix
 from planner.query import Predicate, Query
 
@@ -36,12 +37,13 @@ class QueryPlan:
     predicates: list[int]  # all base predicate ids of the query
     signature: list[int]  # bit ids
     residual: list[int]  # predicate ids checked after the prefilter
+    ascs: list[str] = field(default_factory=list)  # attributes whose ASC decides predicates
 
     def to_json(self) -> dict:
         q = self.query
         return {"name": q.name, "slot": self.slot, "stream": q.stream, "period_s": q.period,
                 "keys": list(q.keys), "predicates": self.predicates,
-                "signature": self.signature, "ascs": [], "residual": self.residual,
+                "signature": self.signature, "ascs": self.ascs, "residual": self.residual,
                 "text": q.text}
 
 
@@ -54,8 +56,12 @@ class Plan:
     cheap_cost: float
     bit_budget: int | None = None
     bpf: str = ""
-    ascs: list = field(default_factory=list)
+    ascs: list[ASC] = field(default_factory=list)
     cover: Cover | None = None
+    asc_min_constants: int = 3
+
+    def stream_ascs(self, stream: str) -> list[ASC]:
+        return [a for a in self.ascs if a.stream == stream]
 
     def by_name(self, name: str) -> QueryPlan:
         for qp in self.queries:
@@ -98,7 +104,7 @@ class Plan:
             "bits": [{"id": i, "predicates": list(b),
                       "text": " AND ".join(self.predicates[p].predicate.text for p in b)}
                      for i, b in enumerate(self.bits)],
-            "ascs": self.ascs,
+            "ascs": [a.to_json() for a in self.ascs],
             "rectangles": [{"predicates": list(p), "queries": list(q)}
                            for p, q in (self.cover.rectangles if self.cover else [])],
             "candidate_rectangles": self.cover.candidates if self.cover else 0,
@@ -134,14 +140,33 @@ class Plan:
         if self.cover is not None and self.cover.expected_invocations is not None:
             lines.append(f"\nexpected query invocations per tuple: "
                          f"{self.cover.expected_invocations:.3f} of {len(self.queries)}")
+        if self.ascs:
+            lines += ["", f"attribute selection constructs (>= {self.asc_min_constants} "
+                      "constants or a range):"]
+            for a in self.ascs:
+                lines.append(f"  {a.attribute} [{a.stream}]: {a.n_regions} regions, predicates "
+                             + " ".join(f"p{p}" for p in a.predicates)
+                             + ", slots " + " ".join(map(str, a.slots)))
+                names = [b.attribute for b in self.stream_ascs(a.stream)]
+                for r, q in enumerate(a.qrb):
+                    bits = "".join("1" if q >> s & 1 else "0" for s in a.slots)
+                    cab = ",".join(names[j] for j in a.cab[r]) or "-"
+                    lines.append(f"      {a.region_text(r):>28}  qrb {bits}  cab {cab}")
+            for s in self.streams():
+                order = self.stream_ascs(s)
+                if order:
+                    lines.append(f"  initial macro-sequence ({s}): "
+                                 + " -> ".join(a.attribute for a in order)
+                                 + " (re-chosen on traffic)")
         lines += ["", "queries:"]
         for qp in self.queries:
             q = qp.query
             sig = " ".join(f"b{b}" for b in qp.signature) or "(none: always invoked)"
             res = " ".join(f"p{p}" for p in qp.residual) or "-"
+            ascs = f"  ascs {' '.join(qp.ascs)}" if qp.ascs else ""
             lines.append(f"  {q.name} [slot {qp.slot}, {q.stream}, "
                          f"{'select' if q.is_selection else f'every {q.period} s'}]  "
-                         f"signature {sig}  residual {res}")
+                         f"signature {sig}{ascs}  residual {res}")
         for s in self.streams():
             lines.append(f"\nunpack groups ({s}): {', '.join(sorted(self.unpack_groups(s)))}")
         return "\n".join(lines)
@@ -149,9 +174,11 @@ class Plan:
 
 def build_plan(queries: list[Query], slots: dict[str, int] | None = None, version: int = 1,
                cheap_cost: float = 10.0, bit_budget: int | None = None,
-               selectivity: dict[str, float] | None = None, max_j: int = 4) -> Plan:
+               selectivity: dict[str, float] | None = None, max_j: int = 4,
+               asc_min_constants: int | None = 3) -> Plan:
     """Compile queries into a plan; ``slots`` maps query names to slots (default: in order);
-    ``selectivity`` maps predicate texts to measured selectivities."""
+    ``selectivity`` maps predicate texts to measured selectivities; attributes with at least
+    ``asc_min_constants`` constants or a range get an ASC (None: no ASCs)."""
     if slots is None:
         slots = {q.name: i for i, q in enumerate(queries)}
     ids: dict[Predicate, int] = {}
@@ -165,10 +192,31 @@ def build_plan(queries: list[Query], slots: dict[str, int] | None = None, versio
                 fixed = not any(fields(p.stream)[f].variable_offset for f in p.fields)
                 infos.append(PredicateInfo(len(infos), p, cost, fixed and cost <= cheap_cost,
                                            (selectivity or {}).get(p.text)))
+    # bits or ASC (DESIGN): attributes with many constants or ranges go to an ASC
+    asc_attr: dict[int, str] = {}
+    ascs: list[ASC] = []
+    for stream in sorted({q.stream for q in queries}):
+        cheap = [i.predicate for i in infos if i.cheap and i.predicate.stream == stream]
+        attrs = asc_attributes(cheap, asc_min_constants) if asc_min_constants else set()
+        stream_ascs = []
+        for attr in sorted(attrs):
+            preds = {i.id: i.predicate for i in infos if i.cheap and i.predicate.stream == stream
+                     and single_attribute(i.predicate) == attr}
+            uses = {}
+            for q in queries:
+                mine = [ids[p] for p in q.predicates if ids[p] in preds]
+                if mine:
+                    uses[slots[q.name]] = mine
+            stream_ascs.append(build_asc(attr, stream, preds, uses))
+            asc_attr.update(dict.fromkeys(preds, attr))
+        all_slots = sum(1 << slots[q.name] for q in queries if q.stream == stream)
+        stream_ascs.sort(key=lambda a: (-len(a.slots), a.attribute))
+        add_candidate_arrows(stream_ascs, all_slots)
+        ascs.extend(stream_ascs)
     matrix: dict[int, set[str]] = {}
     for q in queries:
         for p in q.predicates:
-            if infos[ids[p]].cheap:
+            if infos[ids[p]].cheap and ids[p] not in asc_attr:
                 matrix.setdefault(ids[p], set()).add(q.name)
     # one prefilter per stream: bits never mix streams
     bits: list[tuple[int, ...]] = []
@@ -182,9 +230,10 @@ def build_plan(queries: list[Query], slots: dict[str, int] | None = None, versio
     for q in queries:
         pids = [ids[p] for p in q.predicates]
         sig = [i for i, b in enumerate(bits) if set(b) <= set(pids)]
-        covered = {p for i in sig for p in bits[i]}
+        covered = {p for i in sig for p in bits[i]} | {p for p in pids if p in asc_attr}
         residual = [p for p in pids if p not in covered]
-        qplans.append(QueryPlan(q, slots[q.name], pids, sig, residual))
+        q_ascs = sorted({asc_attr[p] for p in pids if p in asc_attr})
+        qplans.append(QueryPlan(q, slots[q.name], pids, sig, residual, q_ascs))
     qplans.sort(key=lambda qp: qp.slot)
     merged = None
     if covers:
@@ -192,4 +241,5 @@ def build_plan(queries: list[Query], slots: dict[str, int] | None = None, versio
         merged = Cover([r for c in covers for r in c.rectangles], bits,
                        sum(c.candidates for c in covers),
                        None if None in exp else sum(exp), all(c.by_selectivity for c in covers))
-    return Plan(version, infos, bits, qplans, cheap_cost, bit_budget, cover=merged)
+    return Plan(version, infos, bits, qplans, cheap_cost, bit_budget, ascs=ascs, cover=merged,
+                asc_min_constants=asc_min_constants or 0)

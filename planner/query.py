@@ -50,6 +50,33 @@ class Atom:
     values: tuple
     negated: bool = False
 
+    def holds(self, v: int | None) -> bool:
+        """The atom on one integer value (addresses as 128-bit integers); NULL is false."""
+        if v is None:
+            return False
+        c = self.values
+        if self.op == "prefix":
+            mask = ((1 << 128) - 1) ^ ((1 << (128 - c[1])) - 1)
+            return ((v & mask) == c[0]) != self.negated
+        if self.op == "in":
+            return (v in c) != self.negated
+        if self.op == "between":
+            return (c[0] <= v <= c[1]) != self.negated
+        return {"=": v == c[0], "!=": v != c[0], "<": v < c[0], "<=": v <= c[0],
+                ">": v > c[0], ">=": v >= c[0]}[self.op]
+
+    def constants(self) -> list[int]:
+        """The values where the atom's truth can change (region boundaries of an ASC)."""
+        if self.op == "prefix":
+            value, length = self.values
+            return [value, value | ((1 << (128 - length)) - 1)]
+        return list(self.values)
+
+    @property
+    def is_range(self) -> bool:
+        return self.op in ("<", "<=", ">", ">=", "between") or (
+            self.op == "prefix" and self.values[1] < 128)
+
     @property
     def text(self) -> str:
         not_ = "NOT " if self.negated else ""

@@ -19,6 +19,7 @@ def get_prefilter(c: CollectorDep) -> dict:
     measured = c.meter.selectivities()
     for p in doc["predicates"]:
         p["selectivity"] = measured.get(p["text"], p["selectivity"])
+    doc["asc_runtime"] = [e.asc_state() for e in c.engines if e.asc_state() is not None]
     return doc
 
 

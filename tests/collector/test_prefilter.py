@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from capture.pcap import PcapReader
 from capture.unpack import unpack
-from collector.prefilter import compile_prefilter, run_prefilter
+from collector.prefilter import AscRuntime, compile_prefilter, run_prefilter
 from collector.residual import Residual
 from planner.plan import build_plan
 from planner.query import parse_queries
@@ -59,19 +59,22 @@ def corpus():
     tbs, refs = [], []
     for name in FILES:
         path = capture(name)
-        for raw in PcapReader(path):
+        for raw in PcapReader(path, batch_size=100):  # many batches: many ASC periods
             tbs.append(unpack(raw))
         refs.extend(packets(path))
     return tbs, refs
 
 
-def invoked(queries_sql, budget):
-    plan = build_plan(parse_queries(queries_sql), bit_budget=budget)
+def invoked(queries_sql, budget, strategy="fixed", min_constants=3):
+    plan = build_plan(parse_queries(queries_sql), bit_budget=budget,
+                      asc_min_constants=min_constants)
     cp = compile_prefilter(plan, "packets")
+    # a short period and mu = 0 re-choose the sequence many times along the corpus
+    asc = AscRuntime(cp, strategy, period=150, mu=0.0, sample=256)
     res = Residual(plan, "packets")
     qs = []
     for tb in corpus()[0]:
-        _, Q = run_prefilter(cp, tb)
+        _, Q = run_prefilter(cp, tb, asc)
         res.apply(tb, Q)
         qs.append(Q)
     return plan, np.concatenate(qs)
@@ -81,16 +84,18 @@ workloads = st.lists(st.lists(st.integers(0, len(ATOMS) - 1), min_size=0, max_si
                      min_size=1, max_size=90)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads, st.one_of(st.none(), st.integers(0, 8)))
-def test_invoked_queries_equal_where_clauses(workload, budget):
-    """Each query bit is set exactly when the query's whole WHERE holds, with more than 64
-    queries (several mask words) and under any bit budget (the final answers never change)."""
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads, st.one_of(st.none(), st.integers(0, 8)),
+       st.sampled_from(["fixed", "macro", "hybrid"]), st.sampled_from([None, 2, 3]))
+def test_invoked_queries_equal_where_clauses(workload, budget, strategy, min_constants):
+    """Each query bit is set exactly when the query's whole WHERE holds: with more than 64
+    queries (several mask words), under any bit budget, with or without ASCs, and whatever
+    ASC sequence (plan order, adaptive macro, adaptive hybrid) is running."""
     sql = ";\n".join("SELECT ts FROM packets" + (" WHERE " + " AND ".join(ATOMS[a][0]
                                                                         for a in atoms)
                                                   if atoms else "")
                      for atoms in workload)
-    plan, Q = invoked(sql, budget)
+    plan, Q = invoked(sql, budget, strategy, min_constants)
     refs = corpus()[1]
     assert Q.shape == (len(refs), (len(workload) + 63) // 64)
     for slot, atoms in enumerate(workload):

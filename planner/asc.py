@@ -1,0 +1,426 @@
+"""Attribute selection constructs (Lee & Lee): one per attribute whose predicates are ranges or
+use many constants, evaluated by region look-up instead of bits.
+
+An ASC splits its attribute's domain at the constants of all predicates on it into 2m + 1
+disjoint regions (``(-inf, c1), [c1], (c1, c2), …, [cm], (cm, +inf)``) plus a NULL region; every
+predicate is constant on a region, so each region stores the query-result bitmap ``qrb`` (bit i:
+slot i can still be satisfied) and the candidate-arrow bitmap ``cab`` (the ASCs that can still
+fail a query after this region). A tuple's global result bitmap GRB starts as the prefilter's query
+mask and is ANDed with one region's ``qrb`` per ASC; the tuple is dropped as soon as GRB is 0.
+
+The evaluation order is chosen on a sample of tuples (their region per ASC and their mask before
+the ASCs): the macro-sequence takes the minimal cover set greedily by conditional selectivity
+(eq. 1-2), then the rest by tuple dropping ratio (eq. 3); the hybrid sequence adds micro-arrows
+from single regions to the ASC that drops most of the tuples landing there. Sequences are
+re-chosen when the dropping ratio moves by ``mu`` (eq. 5). The paper measures one step per
+monitoring period; here every step is measured on the same sample, which is what the steps
+would see on a stream whose distribution holds over the periods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import combinations
+
+import numpy as np
+
+from capture.fields import INT32, INT64, IP, fields
+from planner.query import Predicate
+
+RANGE_OPS = {"<", "<=", ">", ">=", "between"}
+
+
+@dataclass
+class ASC:
+    """The ASC of one attribute."""
+
+    attribute: str
+    stream: str
+    kind: str  # "int" or "ip" (128-bit values)
+    constants: list[int]  # sorted distinct region boundaries
+    predicates: list[int]  # plan predicate ids it decides
+    slots: list[int]  # queries using it (the query-usage bitmap)
+    qrb: list[int]  # per region (2m + 1, then NULL): bitmask over slots
+    cab: list[list[int]] = field(default_factory=list)  # per region: candidate next ASCs
+
+    @property
+    def n_regions(self) -> int:
+        return 2 * len(self.constants) + 2
+
+    @property
+    def null_region(self) -> int:
+        return 2 * len(self.constants) + 1
+
+    @property
+    def qub(self) -> int:
+        return sum(1 << s for s in self.slots)
+
+    def region_of(self, v: int | None) -> int:
+        """Region of a value: 2i + 1 for the constant c_i, 2i for the gap below it."""
+        if v is None:
+            return self.null_region
+        lo, hi = 0, len(self.constants)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.constants[mid] < v:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < len(self.constants) and self.constants[lo] == v:
+            return 2 * lo + 1
+        return 2 * lo
+
+    def region_text(self, r: int) -> str:
+        c = [self._fmt(x) for x in self.constants]
+        if r == self.null_region:
+            return "NULL"
+        if r % 2:
+            return f"[{c[r // 2]}]"
+        lo = c[r // 2 - 1] if r else "-inf"
+        hi = c[r // 2] if r // 2 < len(c) else "+inf"
+        return f"({lo}, {hi})"
+
+    def _fmt(self, v: int) -> str:
+        if self.kind != "ip":
+            return str(v)
+        from planner.query import format_prefix
+        return format_prefix(v, 128)
+
+    def to_json(self) -> dict:
+        return {"attribute": self.attribute, "stream": self.stream, "regions": self.n_regions,
+                "constants": [self._fmt(c) for c in self.constants],
+                "predicates": self.predicates, "slots": self.slots,
+                "qrb": [format(b, "b") for b in self.qrb]}
+
+
+def single_attribute(p: Predicate) -> str | None:
+    """The one field of a predicate whose atoms all test the same field."""
+    fs = p.fields
+    return fs[0] if len(fs) == 1 else None
+
+
+def asc_attributes(predicates: list[Predicate], min_constants: int = 3) -> set[str]:
+    """DESIGN's "bits or ASC": attributes whose single-field predicates, across all queries,
+    use at least ``min_constants`` distinct constants or any range operator."""
+    consts: dict[str, set] = {}
+    ranged: set[str] = set()
+    for p in predicates:
+        f = single_attribute(p)
+        if f is None or fields(p.stream)[f].kind not in (INT32, INT64, IP):
+            continue
+        for a in p.atoms:
+            consts.setdefault(f, set()).update(a.constants())
+            if a.is_range:
+                ranged.add(f)
+    return {f for f, c in consts.items() if len(c) >= min_constants or f in ranged}
+
+
+def _representative(constants: list[int], r: int, kind: str) -> int | None:
+    """A value inside region r, or None when the region is empty (integers only)."""
+    m = len(constants)
+    if r % 2:
+        return constants[r // 2]
+    lo = constants[r // 2 - 1] + 1 if r else (0 if kind != "ip" else 0)
+    hi = constants[r // 2] - 1 if r // 2 < m else (1 << 128) - 1 if kind == "ip" else 2**63 - 1
+    if r == 0 and kind != "ip":
+        lo = 0  # catalogue integers are non-negative (NULL is its own region)
+    return lo if lo <= hi else None
+
+
+def build_asc(attribute: str, stream: str, preds: dict[int, Predicate],
+              uses: dict[int, list[int]]) -> ASC:
+    """The ASC of ``attribute`` over predicates (id -> predicate) and, per slot, the ids of its
+    predicates on this attribute."""
+    kind = "ip" if fields(stream)[attribute].kind == IP else "int"
+    constants = sorted({c for p in preds.values() for a in p.atoms for c in a.constants()})
+    slots = sorted(uses)
+    qrb = []
+    for r in range(2 * len(constants) + 2):
+        v = None if r == 2 * len(constants) + 1 else _representative(constants, r, kind)
+        empty = v is None and r != 2 * len(constants) + 1
+        mask = 0
+        for s in slots:
+            ok = not empty and all(any(a.holds(v) for a in preds[pid].atoms) for pid in uses[s])
+            mask |= ok << s
+        qrb.append(mask)
+    return ASC(attribute, stream, kind, constants, sorted(preds), slots, qrb)
+
+
+def add_candidate_arrows(ascs: list[ASC], all_slots: int) -> None:
+    """cab: from region r of ASC i, the ASCs j that can still fail a query (qrb & qub_j != 0).
+    ``all_slots`` is the mask of every slot (queries without the attribute pass region r)."""
+    for i, a in enumerate(ascs):
+        a.cab = []
+        for q in a.qrb:
+            passing = q | (all_slots & ~a.qub)
+            a.cab.append([j for j, b in enumerate(ascs) if j != i and passing & b.qub])
+
+
+# ------------------------------------------------------------------------ sample evaluation
+
+
+def qrb_words(ascs: list[ASC], words: int) -> np.ndarray:
+    """qrb as (n_asc, max regions, words) uint64; queries outside an ASC's qub pass every
+    region, so their bits are set (the paper's rule for qub[j] = 0)."""
+    n_reg = max((a.n_regions for a in ascs), default=1)
+    out = np.zeros((len(ascs), n_reg, words), dtype=np.uint64)
+    full = (1 << (64 * words)) - 1
+    for i, a in enumerate(ascs):
+        for r, q in enumerate(a.qrb):
+            v = q | (full & ~a.qub)
+            for w in range(words):
+                out[i, r, w] = (v >> (64 * w)) & 0xFFFFFFFFFFFFFFFF
+    return out
+
+
+def qub_words(ascs: list[ASC], words: int) -> np.ndarray:
+    """The query-usage bitmaps as (n_asc, words) uint64."""
+    out = np.zeros((len(ascs), words), dtype=np.uint64)
+    for i, a in enumerate(ascs):
+        for s in a.slots:
+            out[i, s >> 6] |= np.uint64(1) << np.uint64(s & 63)
+    return out
+
+
+def _open(grb: np.ndarray, done: np.ndarray, qub: np.ndarray) -> np.ndarray:
+    """Tuples with a query still set that some unevaluated ASC decides."""
+    rest = np.zeros_like(grb)
+    for a in range(qub.shape[0]):
+        rest |= np.where(done[:, a, None], np.uint64(0), qub[a][None, :])
+    return (grb & rest).any(axis=1)
+
+
+def simulate(qrb: np.ndarray, R: np.ndarray, Q0: np.ndarray, macro: list[int],
+             arrows: np.ndarray | None = None, qub: np.ndarray | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Reference evaluation of a (macro or hybrid) sequence on a sample, as the kernel does it.
+
+    R: (n, n_asc) region per tuple and ASC; Q0: (n, words) mask before the ASCs. Returns the
+    number of ASCs each tuple evaluated and the final GRB. Tuples with Q0 == 0 evaluate none;
+    with ``qub``, a tuple stops once no unevaluated ASC decides a query still set."""
+    n, n_asc = R.shape
+    grb = Q0.copy()
+    evaluated = np.zeros(n, dtype=np.int64)
+    done = np.zeros((n, n_asc), dtype=bool)
+    alive = grb.any(axis=1)
+    if qub is not None:
+        alive &= _open(grb, done, qub)
+    pos = np.arange(n)
+    cur = np.full(n, macro[0] if macro else -1, dtype=np.int64)
+    for _ in range(n_asc):
+        idx = pos[alive & (cur >= 0)]
+        if not len(idx):
+            break
+        a = cur[idx]
+        reg = R[idx, a]
+        grb[idx] &= qrb[a, reg]
+        done[idx, a] = True
+        evaluated[idx] += 1
+        still = grb[idx].any(axis=1)
+        if qub is not None:
+            still &= _open(grb[idx], done[idx], qub)
+        alive[idx] = still
+        nxt = np.full(len(idx), -1, dtype=np.int64)
+        if arrows is not None:
+            cand = arrows[a, reg]
+            ok = (cand >= 0) & ~done[idx, np.maximum(cand, 0)]
+            nxt[ok] = cand[ok]
+        first = np.full(len(idx), -1, dtype=np.int64)
+        for m in reversed(macro):  # else the first unevaluated ASC in macro order
+            first = np.where(~done[idx, m], m, first)
+        nxt = np.where(nxt >= 0, nxt, first)
+        cur[idx] = nxt
+    return evaluated, grb
+
+
+def _popcount(x: np.ndarray) -> np.ndarray:
+    return np.bitwise_count(x).astype(np.int64).sum(axis=-1)
+
+
+def macro_sequence(ascs: list[ASC], qrb: np.ndarray, R: np.ndarray, Q0: np.ndarray
+                   ) -> list[int]:
+    """Minimal cover set greedily by conditional selectivity, then by dropping ratio; ties go to
+    the ASC with the lowest selectivity alone. Without a sample: most queries first."""
+    n_asc = len(ascs)
+    if n_asc == 0:
+        return []
+    words = Q0.shape[1]
+    qub = np.zeros((n_asc, words), dtype=np.uint64)
+    for i, a in enumerate(ascs):
+        for s in a.slots:
+            qub[i, s >> 6] |= np.uint64(1) << np.uint64(s & 63)
+    n = len(R)
+    if n == 0:
+        return sorted(range(n_asc), key=lambda i: (-len(ascs[i].slots), i))
+    universe = np.bitwise_or.reduce(qub, axis=0)
+    covered = np.zeros(words, dtype=np.uint64)
+    grb = Q0.copy()
+    rho: list[int] = []
+    alone = {}
+    remaining = list(range(n_asc))
+    while remaining and (universe & ~covered).any():
+        rem = universe & ~covered
+        k_w = int(_popcount(rem[None, :])[0])
+        best, best_key, best_grb = None, None, None
+        for a in remaining:
+            g = grb & qrb[a, R[:, a]]
+            eta = int(_popcount(g & rem).sum())
+            s = eta / (k_w * n)
+            if not rho:
+                alone[a] = s
+            key = (s, -len(ascs[a].slots), a)
+            if best_key is None or key < best_key:
+                best, best_key, best_grb = a, key, g
+        rho.append(best)
+        remaining.remove(best)
+        covered |= qub[best]
+        grb = best_grb
+    while remaining:
+        best, best_key, best_grb = None, None, None
+        for a in remaining:
+            g = grb & qrb[a, R[:, a]]
+            d = float((~g.any(axis=1)).mean())
+            key = (-d, alone.get(a, 1.0), a)
+            if best_key is None or key < best_key:
+                best, best_key, best_grb = a, key, g
+        rho.append(best)
+        remaining.remove(best)
+        grb = best_grb
+    return rho
+
+
+def _next_score(qrb, R, t, g, nexts) -> tuple[float, float]:
+    """Filtering capability of evaluating ``nexts`` next: dropped fraction, then fewer bits."""
+    ok = nexts >= 0
+    if not ok.any():
+        return (0.0, 0.0)
+    g2 = g[ok] & qrb[nexts[ok], R[t[ok], nexts[ok]]]
+    return (float((~g2.any(axis=1)).mean()), -float(_popcount(g2).mean()))
+
+
+def hybrid_arrows(ascs: list[ASC], qrb: np.ndarray, R: np.ndarray, Q0: np.ndarray,
+                  macro: list[int]) -> np.ndarray:
+    """Micro-arrows: for each region of each ASC (in macro order), the candidate ASC that drops
+    the most of the tuples arriving there (then leaves the fewest query bits), established only
+    where it beats the macro-sequence's next ASC. -1: follow the macro-sequence."""
+    n_asc = len(ascs)
+    arrows = np.full((n_asc, qrb.shape[1] if n_asc else 1), -1, dtype=np.int64)
+    if n_asc < 2 or not len(R):
+        return arrows
+    for a in macro:
+        # replay the sample under the arrows so far, stopping where each tuple reaches ``a``
+        grb = Q0.copy()
+        done = np.zeros(R.shape, dtype=bool)
+        at_a = np.zeros(len(R), dtype=bool)
+        alive = grb.any(axis=1)
+        cur = np.full(len(R), macro[0], dtype=np.int64)
+        pos = np.arange(len(R))
+        for _ in range(n_asc):
+            idx = pos[alive & (cur >= 0) & ~at_a]
+            if not len(idx):
+                break
+            c = cur[idx]
+            hit = c == a
+            at_a[idx[hit]] = True
+            idx, c = idx[~hit], c[~hit]
+            reg = R[idx, c]
+            grb[idx] &= qrb[c, reg]
+            done[idx, c] = True
+            alive[idx] = grb[idx].any(axis=1)
+            cand = arrows[c, reg]
+            ok = (cand >= 0) & ~done[idx, np.maximum(cand, 0)]
+            first = np.full(len(idx), -1, dtype=np.int64)
+            for m in reversed(macro):
+                first = np.where(~done[idx, m], m, first)
+            cur[idx] = np.where(ok, cand, first)
+        here = pos[at_a & alive]
+        if not len(here):
+            continue
+        reg_a = R[here, a]
+        g_a = grb[here] & qrb[a, reg_a]
+        done[here, a] = True
+        survive = g_a.any(axis=1)
+        for r in np.unique(reg_a):
+            sel = (reg_a == r) & survive
+            if not sel.any():
+                continue
+            t = here[sel]
+            g = g_a[sel]
+            d = done[t]
+            macro_next = np.full(len(t), -1, dtype=np.int64)
+            for m in reversed(macro):
+                macro_next = np.where(~d[:, m], m, macro_next)
+            base = _next_score(qrb, R, t, g, macro_next)
+            best, best_score = -1, base
+            for j in ascs[a].cab[r] if r < len(ascs[a].cab) else []:
+                if d[:, j].all():
+                    continue
+                nexts = np.where(d[:, j], macro_next, j)
+                sc = _next_score(qrb, R, t, g, nexts)
+                if sc > best_score:
+                    best, best_score = j, sc
+            if best >= 0 and (macro_next != best).any():
+                arrows[a, r] = best
+    return arrows
+
+
+def dropping_ratio(qrb: np.ndarray, R: np.ndarray, Q0: np.ndarray) -> float:
+    """Fraction of the tuples reaching the ASCs (Q0 != 0) that they drop."""
+    reach = Q0.any(axis=1)
+    if not reach.any():
+        return 0.0
+    grb = Q0[reach].copy()
+    for a in range(R.shape[1]):
+        grb &= qrb[a, R[reach, a]]
+    return float((~grb.any(axis=1)).mean())
+
+
+def best_fixed_order(qrb: np.ndarray, R: np.ndarray, Q0: np.ndarray,
+                     qub: np.ndarray | None = None) -> tuple[list[int], int]:
+    """The fixed order with the fewest ASC evaluations on the sample, by dynamic programming
+    over attribute subsets: f(S + a) = f(S) + tuples still going after S (mask not 0 and, with
+    ``qub``, a query set that an ASC outside S decides)."""
+    n, n_asc = R.shape
+    if n_asc > 16:
+        raise ValueError("best_fixed_order: at most 16 ASCs")
+    full = 1 << n_asc
+    alive_after = np.zeros(full, dtype=np.int64)
+    level = {0: Q0}  # GRB after each subset of the previous size
+    going0 = Q0.any(axis=1)
+    if qub is not None:
+        going0 &= (Q0 & np.bitwise_or.reduce(qub, axis=0)).any(axis=1)
+    alive_after[0] = int(going0.sum())
+    for size in range(1, n_asc + 1):
+        nxt = {}
+        for subset in combinations(range(n_asc), size):
+            mask = sum(1 << a for a in subset)
+            low = subset[0]
+            g = level[mask & ~(1 << low)] & qrb[low, R[:, low]]
+            nxt[mask] = g
+            going = g.any(axis=1)
+            if qub is not None:
+                rest = np.bitwise_or.reduce(
+                    qub[[a for a in range(n_asc) if not mask >> a & 1]], axis=0) \
+                    if mask != full - 1 else np.zeros(qub.shape[1], np.uint64)
+                going &= (g & rest).any(axis=1)
+            alive_after[mask] = int(going.sum())
+        level = nxt
+    cost = np.full(full, np.iinfo(np.int64).max, dtype=np.int64)
+    prev = np.full(full, -1, dtype=np.int64)
+    cost[0] = 0
+    for mask in range(full):
+        if cost[mask] == np.iinfo(np.int64).max:
+            continue
+        for a in range(n_asc):
+            if mask >> a & 1:
+                continue
+            nm = mask | (1 << a)
+            c = cost[mask] + alive_after[mask]
+            if c < cost[nm]:
+                cost[nm], prev[nm] = c, a
+    order, mask = [], full - 1
+    while mask:
+        a = int(prev[mask])
+        order.append(a)
+        mask &= ~(1 << a)
+    return order[::-1], int(cost[full - 1])

@@ -1,0 +1,188 @@
+"""Attribute selection constructs (Lee & Lee): a hand-worked example, sequences against brute
+force, and the numba kernel against the reference evaluator on real packets."""
+
+from __future__ import annotations
+
+from itertools import permutations
+
+import numpy as np
+import pytest
+
+from capture.pcap import PcapReader
+from capture.unpack import unpack
+from collector.prefilter import AscRuntime, asc_regions, compile_prefilter, ip_words, run_prefilter
+from planner.asc import best_fixed_order, hybrid_arrows, macro_sequence, simulate
+from planner.plan import build_plan
+from planner.query import parse_prefix, parse_queries
+from tests.conftest import capture
+from tests.reference import packets
+
+EXAMPLE = """
+SELECT ts FROM packets WHERE dst_port < 100 AND ttl BETWEEN 32 AND 64;
+SELECT ts FROM packets WHERE dst_port = 53;
+SELECT ts FROM packets WHERE dst_port > 1000
+"""
+
+
+def test_worked_example():
+    """Queries (slots 0-2):  q0: dst_port < 100 AND ttl BETWEEN 32 AND 64
+                             q1: dst_port = 53
+                             q2: dst_port > 1000
+    dst_port has 3 constants and ranges, ttl a range: both get an ASC, no bits.
+
+    ASC(dst_port): constants 53, 100, 1000; qub = 111 (q0 q1 q2)
+        region         qrb (q0 q1 q2)   cab (ttl decides q0 only)
+        (-inf, 53)     1 0 0            ttl
+        [53]           1 1 0            ttl
+        (53, 100)      1 0 0            ttl
+        [100]          0 0 0            -
+        (100, 1000)    0 0 0            -
+        [1000]         0 0 0            -      (1000 > 1000 is false)
+        (1000, +inf)   0 0 1            -
+        NULL           0 0 0            -
+    ASC(ttl): constants 32, 64; qub = 100 (q0); q1, q2 pass every region
+        (-inf, 32) 011   [32] 111   (32, 64) 111   [64] 111   (64, +inf) 011   NULL 011
+        cab: dst_port everywhere (q1 and q2 pass every ttl region)
+
+    Macro-sequence dst_port -> ttl; GRB starts at 111 (no prefilter bits):
+        t1 = (dst_port 53, ttl 64):    111 & [53] 110 = 110; ttl decides q0, still set:
+                                       110 & [64] 111 = 110 -> q0, q1; 2 ASCs evaluated
+        t2 = (dst_port 80, ttl 128):   111 & (53,100) 100 = 100; 100 & (64,+inf) 011 = 000
+                                       -> dropped after 2 ASCs
+        t3 = (dst_port 8080, ttl 10):  111 & (1000,+inf) 001 = 001; ttl decides only q0,
+                                       which is clear -> stop: q2; 1 ASC evaluated
+    """
+    plan = build_plan(parse_queries(EXAMPLE))
+    assert plan.bits == []
+    by = {a.attribute: a for a in plan.ascs}
+    port, ttl = by["dst_port"], by["ttl"]
+    assert port.constants == [53, 100, 1000] and ttl.constants == [32, 64]
+
+    def bits(a, r):
+        return "".join("1" if a.qrb[r] >> s & 1 or s not in a.slots else "0" for s in range(3))
+
+    assert [bits(port, r) for r in range(port.n_regions)] == \
+        ["100", "110", "100", "000", "000", "000", "001", "000"]
+    assert [bits(ttl, r) for r in range(ttl.n_regions)] == \
+        ["011", "111", "111", "111", "011", "011"]
+    names = [a.attribute for a in plan.ascs]
+    assert [[names[j] for j in c] for c in port.cab] == \
+        [["ttl"], ["ttl"], ["ttl"], [], [], [], [], []]
+    assert all([names[j] for j in c] == ["dst_port"] for c in ttl.cab)
+
+    cp = compile_prefilter(plan, "packets")
+    order = [names.index("dst_port"), names.index("ttl")]
+    R = np.zeros((3, 2), dtype=np.int64)
+    for i, (p, t) in enumerate([(53, 64), (80, 128), (8080, 10)]):
+        R[i, names.index("dst_port")] = port.region_of(p)
+        R[i, names.index("ttl")] = ttl.region_of(t)
+    Q0 = np.full((3, 1), 0b111, dtype=np.uint64)
+    evaluated, grb = simulate(cp.asc_qrb, R, Q0, order, qub=cp.asc_qub)
+    assert grb[:, 0].tolist() == [0b011, 0b000, 0b100]  # slot i is bit i: q0 q1 | none | q2
+    assert evaluated.tolist() == [2, 2, 1]
+    assert macro_sequence(cp.ascs, cp.asc_qrb, R, Q0)[0] == names.index("dst_port"), \
+        "dst_port alone is the minimal cover set"
+
+
+def _sample(plan, name="ok.pcap"):
+    cp = compile_prefilter(plan, "packets")
+    tbs = [unpack(raw) for raw in PcapReader(capture(name))]
+    return cp, tbs
+
+
+WORKLOAD = """
+SELECT ts FROM packets WHERE dst_port IN (53, 80, 443) AND ttl < 64;
+SELECT ts FROM packets WHERE src_port BETWEEN 1024 AND 65535 AND ttl >= 128;
+SELECT ts FROM packets WHERE protocol = 17 AND in_prefix(dst_ip, '10.0.0.0/8');
+SELECT ts FROM packets WHERE dst_port NOT IN (80, 443) AND protocol != 6 AND ttl > 1;
+SELECT ts FROM packets WHERE in_prefix(src_ip, '216.58.0.0/16') AND dst_port > 1000;
+SELECT ts FROM packets WHERE protocol IN (1, 58) AND ttl <= 255
+"""
+
+
+def test_regions_equal_reference_and_kernel_equals_simulation():
+    """Regions from the numba search equal ASC.region_of on dpkt's values; the kernel's
+    masks and evaluation counts equal the reference evaluator's under macro and hybrid."""
+    plan = build_plan(parse_queries(WORKLOAD))
+    cp, tbs = _sample(plan)
+    ref = packets(capture("ok.pcap"))
+    tb = tbs[0]
+    n = len(tb)
+    ints = np.stack([tb.column(c).astype(np.int64) for c in cp.int_cols])
+    ip_hi = np.stack([ip_words(tb.column(c))[0] for c in cp.ip_cols])
+    ip_lo = np.stack([ip_words(tb.column(c))[1] for c in cp.ip_cols])
+    R = asc_regions(np.arange(n), ints, ip_hi, ip_lo, tb.ip_valid(), cp.asc_is_ip, cp.asc_col,
+                    cp.asc_cstart, cp.asc_clen, cp.c_int, cp.c_hi, cp.c_lo)
+    for k, a in enumerate(cp.ascs):
+        for i, p in enumerate(ref):
+            v = p[a.attribute]
+            if a.kind == "ip" and v is not None:
+                v = parse_prefix(v)[0]
+            assert R[i, k] == a.region_of(v), (a.attribute, i)
+    Q0 = np.full((n, 1), (1 << len(plan.queries)) - 1, dtype=np.uint64)
+    macro = macro_sequence(cp.ascs, cp.asc_qrb, R, Q0)
+    for arrows in (None, hybrid_arrows(cp.ascs, cp.asc_qrb, R, Q0, macro)):
+        rt = AscRuntime(cp, "fixed")
+        rt.macro = np.array(macro)
+        if arrows is not None:
+            rt.arrows = arrows
+        Q = Q0.copy()
+        evals = rt.run(ints, ip_hi, ip_lo, tb.ip_valid(), Q)
+        ev_ref, grb = simulate(cp.asc_qrb, R, Q0, macro, arrows, cp.asc_qub)
+        assert np.array_equal(Q, grb)
+        assert evals == int(ev_ref.sum())
+
+
+def test_dp_best_order_equals_brute_force_and_beats_or_ties_macro():
+    plan = build_plan(parse_queries(WORKLOAD))
+    cp, tbs = _sample(plan)
+    tb = tbs[0]
+    ints = np.stack([tb.column(c).astype(np.int64) for c in cp.int_cols])
+    ip_hi = np.stack([ip_words(tb.column(c))[0] for c in cp.ip_cols])
+    ip_lo = np.stack([ip_words(tb.column(c))[1] for c in cp.ip_cols])
+    R = asc_regions(np.arange(len(tb)), ints, ip_hi, ip_lo, tb.ip_valid(), cp.asc_is_ip,
+                    cp.asc_col, cp.asc_cstart, cp.asc_clen, cp.c_int, cp.c_hi, cp.c_lo)
+    Q0 = np.full((len(tb), 1), (1 << len(plan.queries)) - 1, dtype=np.uint64)
+    order, cost = best_fixed_order(cp.asc_qrb, R, Q0, cp.asc_qub)
+    brute = min(int(simulate(cp.asc_qrb, R, Q0, list(p), qub=cp.asc_qub)[0].sum())
+                for p in permutations(range(len(cp.ascs))))
+    assert cost == brute == int(simulate(cp.asc_qrb, R, Q0, order, qub=cp.asc_qub)[0].sum())
+    macro = macro_sequence(cp.ascs, cp.asc_qrb, R, Q0)
+    assert int(simulate(cp.asc_qrb, R, Q0, macro, qub=cp.asc_qub)[0].sum()) >= cost
+
+
+def test_adaptive_rearrangement_follows_eq_5():
+    """After the first period the sequence is chosen and d_init recorded; later periods
+    re-choose it exactly when |d_cur - d_init| / d_init >= mu (eq. 5)."""
+    plan = build_plan(parse_queries(WORKLOAD))
+    cp, ok = _sample(plan, "ok.pcap")
+    rt = AscRuntime(cp, "hybrid", period=10**9, mu=0.5, sample=512)
+    run_prefilter(cp, ok[0], rt)  # fills the period's sample; the period has not ended
+    assert rt.rearrangements == 0 and rt.d_init is None
+    rt._end_period()
+    assert rt.rearrangements == 1 and rt.d_init == pytest.approx(
+        rt_dropped(cp, ok[0]) / rt_reached(cp, ok[0]))
+    for d_cur, moved in [(0.6 * rt.d_init, False), (1.4 * rt.d_init, False),
+                         (0.49 * rt.d_init, True)]:
+        before, d_init = rt.rearrangements, rt.d_init
+        run_prefilter(cp, ok[0], rt)
+        rt._p_reached, rt._p_dropped = 1000, round(1000 * d_cur)
+        rt._end_period()
+        assert (rt.rearrangements == before + 1) == moved
+        assert rt.d_init == (pytest.approx(round(1000 * d_cur) / 1000) if moved else d_init)
+
+
+def rt_reached(cp, tb) -> int:
+    _, Q = run_prefilter(cp, tb, AscRuntime(cp, "fixed"))
+    return int(Q0_of(cp, tb).any(axis=1).sum())
+
+
+def rt_dropped(cp, tb) -> int:
+    _, Q = run_prefilter(cp, tb, AscRuntime(cp, "fixed"))
+    reach = Q0_of(cp, tb).any(axis=1)
+    return int((reach & ~Q.any(axis=1)).sum())
+
+
+def Q0_of(cp, tb):
+    """The query mask before the ASCs (this workload has no bits: every slot)."""
+    return np.full((len(tb), cp.q_words), (1 << cp.n_slots) - 1, dtype=np.uint64)
