@@ -41,7 +41,9 @@ class CompiledPrefilter:
     b_len: np.ndarray
     b_preds: np.ndarray  # int32 local predicate indices
     sig: np.ndarray  # uint64 (n_slots, words of B)
-    active: np.ndarray  # bool per slot: a query of this stream holds it
+    active: np.ndarray  # uint64 (slot words): the slots of this stream's queries
+    b_users: np.ndarray  # uint64 (n_bits, slot words): slots whose signature holds the bit
+    b_order: np.ndarray  # int32: bits by decreasing number of users
     pred_ids: list[int]  # plan predicate id of each local predicate
     n_slots: int
     ascs: list[ASC]
@@ -117,22 +119,28 @@ def compile_prefilter(plan: Plan, stream: str) -> CompiledPrefilter:
             c_lo.append(c & MASK64 if is_ip else 0)
     n_slots = max([qp.slot for qp in plan.queries] + [-1]) + 1
     b_words = max(1, (len(bit_ids) + 63) // 64)
+    q_words = max(1, (n_slots + 63) // 64)
     sig = np.zeros((n_slots, b_words), dtype=np.uint64)
-    active = np.zeros(n_slots, dtype=np.bool_)
+    active = np.zeros(q_words, dtype=np.uint64)
+    b_users = np.zeros((len(bit_ids), q_words), dtype=np.uint64)
     for qp in plan.queries:
         if qp.query.stream != stream:
             continue
-        active[qp.slot] = True
+        slot_bit = np.uint64(1) << np.uint64(qp.slot & 63)
+        active[qp.slot >> 6] |= slot_bit
         for b in qp.signature:
             k = local_bit[b]
             sig[qp.slot, k >> 6] |= np.uint64(1 << (k & 63))
+            b_users[k, qp.slot >> 6] |= slot_bit
+    users = [int(np.bitwise_count(b_users[k]).sum()) for k in range(len(bit_ids))]
+    b_order = np.array(sorted(range(len(bit_ids)), key=lambda k: (-users[k], k)), np.int32)
     return CompiledPrefilter(
         stream, plan.version, int_cols, ip_cols,
         np.array(a_col, np.int32), np.array(a_op, np.int32), np.array(a_neg, np.bool_),
         np.array(a_v, np.int64).reshape(-1, 2), np.array(a_ip, np.uint64).reshape(-1, 4),
         np.array(set_vals, np.int64), np.array(p_start, np.int32), np.array(p_len, np.int32),
         np.array(b_start, np.int32), np.array(b_len, np.int32), np.array(b_preds, np.int32),
-        sig, active, pred_ids, n_slots, ascs, np.array(asc_is_ip, np.bool_),
+        sig, active, b_users, b_order, pred_ids, n_slots, ascs, np.array(asc_is_ip, np.bool_),
         np.array(asc_col, np.int32), np.array(asc_cstart, np.int32),
         np.array(asc_clen, np.int32), np.array(c_int, np.int64), np.array(c_hi, np.uint64),
         np.array(c_lo, np.uint64), qrb_words(ascs, max(1, (n_slots + 63) // 64)),
@@ -180,19 +188,39 @@ def _atom(i, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip, set_va
 
 @nb.njit(cache=True, nogil=True)
 def prefilter_kernel(ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip, set_vals,
-                     p_start, p_len, b_start, b_len, b_preds, sig, active, B, Q):
-    """Fill B (n, bit words) and Q (n, slot words); return the number of tuples with Q != 0."""
+                     p_start, p_len, b_start, b_len, b_preds, b_order, b_users, active, B, Q):
+    """Fill B (n, bit words) and Q (n, slot words); return the number of tuples with Q != 0.
+
+    Q starts as every active slot; bits are evaluated in ``b_order`` (most-shared first) and a
+    failed bit clears the slots whose signature holds it (``b_users``). A bit none of whose
+    slots is still set is skipped (its B bit stays 0): once the shared bits fail, the
+    query-specific ones cost nothing. At the end Q[i] = {s : (B & S_s) == S_s}."""
     n = B.shape[0]
-    n_bits = b_start.shape[0]
+    words = Q.shape[1]
     n_pred = p_start.shape[0]
     pred_val = np.zeros(n_pred, dtype=np.int8)  # per-tuple cache: 0 unknown, 1 true, 2 false
     kept = 0
     for i in range(n):
         pred_val[:] = 0
-        for b in range(n_bits):
+        alive = False
+        for w in range(words):
+            Q[i, w] = active[w]
+            if active[w] != 0:
+                alive = True
+        for k in range(b_order.shape[0]):
+            if not alive:
+                break
+            b = b_order[k]
+            needed = False
+            for w in range(words):
+                if Q[i, w] & b_users[b, w]:
+                    needed = True
+                    break
+            if not needed:
+                continue
             ok = True
-            for k in range(b_start[b], b_start[b] + b_len[b]):
-                p = b_preds[k]
+            for j in range(b_start[b], b_start[b] + b_len[b]):
+                p = b_preds[j]
                 if pred_val[p] == 0:
                     v = False
                     for a in range(p_start[p], p_start[p] + p_len[p]):
@@ -206,19 +234,13 @@ def prefilter_kernel(ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip, s
                     break
             if ok:
                 B[i, b >> 6] |= np.uint64(1) << np.uint64(b & 63)
-        any_q = False
-        for s in range(sig.shape[0]):
-            if not active[s]:
-                continue
-            hit = True
-            for w in range(sig.shape[1]):
-                if (B[i, w] & sig[s, w]) != sig[s, w]:
-                    hit = False
-                    break
-            if hit:
-                Q[i, s >> 6] |= np.uint64(1) << np.uint64(s & 63)
-                any_q = True
-        if any_q:
+            else:
+                alive = False
+                for w in range(words):
+                    Q[i, w] &= ~b_users[b, w]
+                    if Q[i, w] != 0:
+                        alive = True
+        if alive:
             kept += 1
     return kept
 
@@ -433,7 +455,7 @@ def run_prefilter(cp: CompiledPrefilter, tb: TupleBatch, asc: AscRuntime | None 
     Q = np.zeros((n, cp.q_words), dtype=np.uint64)
     prefilter_kernel(ints, ip_hi, ip_lo, ip_ok, cp.a_col, cp.a_op, cp.a_neg, cp.a_v, cp.a_ip,
                      cp.set_vals, cp.p_start, cp.p_len, cp.b_start, cp.b_len, cp.b_preds,
-                     cp.sig, cp.active, B, Q)
+                     cp.b_order, cp.b_users, cp.active, B, Q)
     if cp.ascs:
         if asc is None:
             asc = AscRuntime(cp, strategy="fixed")
