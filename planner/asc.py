@@ -376,10 +376,11 @@ def dropping_ratio(qrb: np.ndarray, R: np.ndarray, Q0: np.ndarray) -> float:
 
 
 def best_fixed_order(qrb: np.ndarray, R: np.ndarray, Q0: np.ndarray,
-                     qub: np.ndarray | None = None) -> tuple[list[int], int]:
+                     qub: np.ndarray | None = None, worst: bool = False
+                     ) -> tuple[list[int], int]:
     """The fixed order with the fewest ASC evaluations on the sample, by dynamic programming
     over attribute subsets: f(S + a) = f(S) + tuples still going after S (mask not 0 and, with
-    ``qub``, a query set that an ASC outside S decides)."""
+    ``qub``, a query set that an ASC outside S decides). ``worst``: the most evaluations."""
     n, n_asc = R.shape
     if n_asc > 16:
         raise ValueError("best_fixed_order: at most 16 ASCs")
@@ -405,22 +406,24 @@ def best_fixed_order(qrb: np.ndarray, R: np.ndarray, Q0: np.ndarray,
                 going &= (g & rest).any(axis=1)
             alive_after[mask] = int(going.sum())
         level = nxt
-    cost = np.full(full, np.iinfo(np.int64).max, dtype=np.int64)
+    sign = -1 if worst else 1
+    unset = np.iinfo(np.int64).max
+    cost = np.full(full, unset, dtype=np.int64)
     prev = np.full(full, -1, dtype=np.int64)
     cost[0] = 0
     for mask in range(full):
-        if cost[mask] == np.iinfo(np.int64).max:
+        if cost[mask] == unset:
             continue
         for a in range(n_asc):
             if mask >> a & 1:
                 continue
             nm = mask | (1 << a)
-            c = cost[mask] + alive_after[mask]
-            if c < cost[nm]:
+            c = cost[mask] + sign * alive_after[mask]
+            if cost[nm] == unset or c < cost[nm]:
                 cost[nm], prev[nm] = c, a
     order, mask = [], full - 1
     while mask:
         a = int(prev[mask])
         order.append(a)
         mask &= ~(1 << a)
-    return order[::-1], int(cost[full - 1])
+    return order[::-1], int(sign * cost[full - 1])

@@ -15,6 +15,8 @@ from planner.asc import ASC, add_candidate_arrows, asc_attributes, build_asc, si
 from planner.cover import Cover, cover_matrix
 from planner.query import Predicate, Query
 
+MAX_ASCS = 12
+
 
 @dataclass
 class PredicateInfo:
@@ -211,6 +213,12 @@ def build_plan(queries: list[Query], slots: dict[str, int] | None = None, versio
             asc_attr.update(dict.fromkeys(preds, attr))
         all_slots = sum(1 << slots[q.name] for q in queries if q.stream == stream)
         stream_ascs.sort(key=lambda a: (-len(a.slots), a.attribute))
+        # at most MAX_ASCS per stream (the kernel tabulates every set of evaluated ASCs); the
+        # attributes used by the fewest queries go back to the bits
+        for a in stream_ascs[MAX_ASCS:]:
+            for pid in a.predicates:
+                del asc_attr[pid]
+        stream_ascs = stream_ascs[:MAX_ASCS]
         add_candidate_arrows(stream_ascs, all_slots)
         ascs.extend(stream_ascs)
     matrix: dict[int, set[str]] = {}

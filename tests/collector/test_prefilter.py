@@ -136,3 +136,24 @@ def test_prefilter_alone_superset_and_exact_when_all_fit(workload, budget):
         assert not (want & ~got).any(), "the prefilter dropped a tuple the query accepts"
         if budget is None:
             assert np.array_equal(got, want)
+
+
+def test_bit_vector_b_when_asked():
+    """B (packed only on request) has bit b set exactly where all of the bit's predicates hold
+    (numpy evaluation), composite bits included."""
+    from collector.residual import eval_predicate
+    plan = build_plan(parse_queries(";".join(
+        "SELECT ts FROM packets WHERE " + w for w in [
+            "protocol = 17 AND dst_port = 53 AND dns_qr = 0",
+            "protocol = 17 AND src_port = 53 AND dns_qr = 1", "protocol = 17",
+            "protocol = 6 AND (dst_port = 80 OR src_port = 80)"])), asc_min_constants=None)
+    assert any(len(b) > 1 for b in plan.bits)
+    cp = compile_prefilter(plan, "packets")
+    for tb in corpus()[0]:
+        B, _ = run_prefilter(cp, tb, want_b=True)
+        rows = np.arange(len(tb))
+        for k, bit in enumerate(plan.bits):
+            want = np.logical_and.reduce([eval_predicate(plan.predicates[p].predicate, tb, rows)
+                                          for p in bit])
+            got = (B[:, k >> 6] >> np.uint64(k & 63)) & np.uint64(1)
+            assert np.array_equal(got.astype(bool), want)

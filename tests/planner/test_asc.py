@@ -111,8 +111,7 @@ def test_regions_equal_reference_and_kernel_equals_simulation():
     ints = np.stack([tb.column(c).astype(np.int64) for c in cp.int_cols])
     ip_hi = np.stack([ip_words(tb.column(c))[0] for c in cp.ip_cols])
     ip_lo = np.stack([ip_words(tb.column(c))[1] for c in cp.ip_cols])
-    R = asc_regions(np.arange(n), ints, ip_hi, ip_lo, tb.ip_valid(), cp.asc_is_ip, cp.asc_col,
-                    cp.asc_cstart, cp.asc_clen, cp.c_int, cp.c_hi, cp.c_lo)
+    R = asc_regions(np.arange(n), ints, ip_hi, ip_lo, tb.ip_valid(), *cp.asc_arrays())
     for k, a in enumerate(cp.ascs):
         for i, p in enumerate(ref):
             v = p[a.attribute]
@@ -140,8 +139,8 @@ def test_dp_best_order_equals_brute_force_and_beats_or_ties_macro():
     ints = np.stack([tb.column(c).astype(np.int64) for c in cp.int_cols])
     ip_hi = np.stack([ip_words(tb.column(c))[0] for c in cp.ip_cols])
     ip_lo = np.stack([ip_words(tb.column(c))[1] for c in cp.ip_cols])
-    R = asc_regions(np.arange(len(tb)), ints, ip_hi, ip_lo, tb.ip_valid(), cp.asc_is_ip,
-                    cp.asc_col, cp.asc_cstart, cp.asc_clen, cp.c_int, cp.c_hi, cp.c_lo)
+    R = asc_regions(np.arange(len(tb)), ints, ip_hi, ip_lo, tb.ip_valid(),
+                    *cp.asc_arrays())
     Q0 = np.full((len(tb), 1), (1 << len(plan.queries)) - 1, dtype=np.uint64)
     order, cost = best_fixed_order(cp.asc_qrb, R, Q0, cp.asc_qub)
     brute = min(int(simulate(cp.asc_qrb, R, Q0, list(p), qub=cp.asc_qub)[0].sum())
