@@ -642,11 +642,12 @@ def bench_asc(queries, tb, train: int, test: int, drift_tb) -> dict:
     static.macro = np.array(macro_sequence(cpd.ascs, cpd.asc_qrb, R0, Q00))
     static.arrows = hybrid_arrows(cpd.ascs, cpd.asc_qrb, R0, Q00, list(static.macro))
     adaptive = AscRuntime(cpd, "hybrid", period=100_000, mu=0.1, sample=4096)
-    halves = {"static": [0, 0], "adaptive": [0, 0]}
+    every = AscRuntime(cpd, "hybrid", period=100_000, mu=0.0, sample=4096)
+    halves = {"static": [0, 0], "adaptive": [0, 0], "adaptive_mu0": [0, 0]}
     for k, b in enumerate(batches(drift_tb)):
         half = 0 if (k + 1) * BATCH <= len(drift_tb) // 2 else 1
         ins = matrices(cpd, b)
-        for name, rt in (("static", static), ("adaptive", adaptive)):
+        for name, rt in (("static", static), ("adaptive", adaptive), ("adaptive_mu0", every)):
             Q = run_bits(cpd, [ins])[0]
             halves[name][half] += rt.run(*ins, Q)
     half_n = [sum(len(b) for k, b in enumerate(batches(drift_tb))
@@ -654,6 +655,7 @@ def bench_asc(queries, tb, train: int, test: int, drift_tb) -> dict:
     out["drift"] = {name: [round(v[h] / half_n[h], 4) for h in (0, 1)]
                     for name, v in halves.items()}
     out["drift"]["rearrangements"] = adaptive.rearrangements
+    out["drift"]["rearrangements_mu0"] = every.rearrangements
     return out
 
 

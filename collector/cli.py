@@ -62,6 +62,8 @@ def parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="print the compiled plan")
     pl.add_argument("--queries", required=True, help="file of SQL statements")
     pl.add_argument("--bits", type=int, default=None, help="prefilter bit budget")
+    pl.add_argument("--capture", help="measure selectivities and choose the ASC sequences on "
+                    "this pcap (adds expected invocations per tuple)")
     pl.add_argument("--format", choices=("text", "json"), default="text")
     return p
 
@@ -91,17 +93,61 @@ def _read_queries(path: str):
         raise CliError(f"{path}: {e}") from e
 
 
+def _measure(plan, capture: str):
+    """Selectivity of every cheap predicate on a capture, and the ASC sequence chosen on it."""
+    import numpy as np
+
+    from capture.pcap import PcapReader
+    from capture.unpack import unpack
+    from collector.prefilter import AscRuntime, compile_prefilter, run_prefilter
+    from collector.residual import eval_predicate
+    hits: dict[str, int] = {}
+    total = 0
+    cp = compile_prefilter(plan, "packets")
+    asc = AscRuntime(cp, "hybrid", period=1 << 62, sample=1 << 16)
+    for raw in PcapReader(capture):
+        tb = unpack(raw, plan.unpack_groups("packets") | {"dns", "dns_name"})
+        rows = np.arange(len(tb))
+        total += len(tb)
+        for info in plan.predicates:
+            if info.cheap and info.predicate.stream == "packets":
+                hits[info.predicate.text] = hits.get(info.predicate.text, 0) + int(
+                    eval_predicate(info.predicate, tb, rows).sum())
+        run_prefilter(cp, tb, asc)
+    if asc._R:
+        asc.choose(np.concatenate(asc._R), np.concatenate(asc._Q0))
+    return ({k: v / total for k, v in hits.items()} if total else {}), (
+        asc.describe() if cp.ascs else None)
+
+
 def cmd_plan(args) -> int:
     from collector.config import load_settings
     from planner.plan import build_plan
     settings = load_settings()
-    plan = build_plan(_read_queries(args.queries), bit_budget=args.bits,
-                      cheap_cost=settings.planner.cheap_cost, max_j=settings.planner.max_j,
-                      asc_min_constants=settings.asc.min_constants)
+    queries = _read_queries(args.queries)
+    kw = {"bit_budget": args.bits, "cheap_cost": settings.planner.cheap_cost,
+          "max_j": settings.planner.max_j, "asc_min_constants": settings.asc.min_constants}
+    plan = build_plan(queries, **kw)
+    sequence = None
+    if args.capture:
+        if not Path(args.capture).is_file():
+            raise CliError(f"capture {args.capture} does not exist")
+        selectivity, sequence = _measure(plan, args.capture)
+        plan = build_plan(queries, selectivity=selectivity, **kw)
     if args.format == "json":
-        print(json.dumps(plan.to_json(), indent=2))
+        doc = plan.to_json()
+        if sequence is not None:
+            doc["asc_sequence"] = sequence
+        print(json.dumps(doc, indent=2))
     else:
         print(plan.explain())
+        if sequence is not None:
+            micro = ", ".join(f"{m['from']} {m['region']} -> {m['to']}"
+                              for m in sequence["micro_arrows"]) or "none"
+            print(f"\nASC sequence chosen on {args.capture}: macro "
+                  f"{' -> '.join(sequence['macro_sequence'])}; micro-arrows: {micro}; "
+                  f"{sequence['asc_evaluations_per_tuple'] or 0:.2f} ASCs evaluated per tuple "
+                  "(in plan order while measuring)")
     return 0
 
 

@@ -495,7 +495,10 @@ class AscRuntime:
         cp = self.cp
         if not cp.ascs:
             return 0
-        reach = np.flatnonzero(Q.any(axis=1))
+        # the dropping ratio is over the queries the ASCs decide: a query no ASC constrains
+        # (e.g. one without cheap predicates) keeps every tuple and would hide every drop
+        union = np.bitwise_or.reduce(cp.asc_qub, axis=0)
+        reach = np.flatnonzero((Q & union).any(axis=1))
         adapt = self.strategy != "fixed"
         if adapt and len(reach) and self._kept < self.sample:
             take = min(len(reach), self.sample - self._kept, max(64, self.sample // 16))
@@ -510,7 +513,7 @@ class AscRuntime:
         self.evaluations += evals
         self.reached += len(reach)
         self._p_reached += len(reach)
-        self._p_dropped += int((~Q[reach].any(axis=1)).sum())
+        self._p_dropped += int((~(Q[reach] & union).any(axis=1)).sum())
         if adapt and self._p_reached >= self.period:
             self._end_period()
         return evals

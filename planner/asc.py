@@ -279,7 +279,7 @@ def macro_sequence(ascs: list[ASC], qrb: np.ndarray, R: np.ndarray, Q0: np.ndarr
         best, best_key, best_grb = None, None, None
         for a in remaining:
             g = grb & qrb[a, R[:, a]]
-            d = float((~g.any(axis=1)).mean())
+            d = float((~(g & universe).any(axis=1)).mean())  # dropped for the ASCs' queries
             key = (-d, alone.get(a, 1.0), a)
             if best_key is None or key < best_key:
                 best, best_key, best_grb = a, key, g
@@ -289,12 +289,13 @@ def macro_sequence(ascs: list[ASC], qrb: np.ndarray, R: np.ndarray, Q0: np.ndarr
     return rho
 
 
-def _next_score(qrb, R, t, g, nexts) -> tuple[float, float]:
-    """Filtering capability of evaluating ``nexts`` next: dropped fraction, then fewer bits."""
+def _next_score(qrb, R, t, g, nexts, universe) -> tuple[float, float]:
+    """Filtering capability of evaluating ``nexts`` next: the fraction dropped for the queries
+    the ASCs decide (``universe``), then the fewest of their bits left."""
     ok = nexts >= 0
     if not ok.any():
         return (0.0, 0.0)
-    g2 = g[ok] & qrb[nexts[ok], R[t[ok], nexts[ok]]]
+    g2 = g[ok] & qrb[nexts[ok], R[t[ok], nexts[ok]]] & universe
     return (float((~g2.any(axis=1)).mean()), -float(_popcount(g2).mean()))
 
 
@@ -307,6 +308,7 @@ def hybrid_arrows(ascs: list[ASC], qrb: np.ndarray, R: np.ndarray, Q0: np.ndarra
     arrows = np.full((n_asc, qrb.shape[1] if n_asc else 1), -1, dtype=np.int64)
     if n_asc < 2 or not len(R):
         return arrows
+    universe = np.bitwise_or.reduce(qub_words(ascs, Q0.shape[1]), axis=0)
     for a in macro:
         # replay the sample under the arrows so far, stopping where each tuple reaches ``a``
         grb = Q0.copy()
@@ -350,29 +352,18 @@ def hybrid_arrows(ascs: list[ASC], qrb: np.ndarray, R: np.ndarray, Q0: np.ndarra
             macro_next = np.full(len(t), -1, dtype=np.int64)
             for m in reversed(macro):
                 macro_next = np.where(~d[:, m], m, macro_next)
-            base = _next_score(qrb, R, t, g, macro_next)
+            base = _next_score(qrb, R, t, g, macro_next, universe)
             best, best_score = -1, base
             for j in ascs[a].cab[r] if r < len(ascs[a].cab) else []:
                 if d[:, j].all():
                     continue
                 nexts = np.where(d[:, j], macro_next, j)
-                sc = _next_score(qrb, R, t, g, nexts)
+                sc = _next_score(qrb, R, t, g, nexts, universe)
                 if sc > best_score:
                     best, best_score = j, sc
             if best >= 0 and (macro_next != best).any():
                 arrows[a, r] = best
     return arrows
-
-
-def dropping_ratio(qrb: np.ndarray, R: np.ndarray, Q0: np.ndarray) -> float:
-    """Fraction of the tuples reaching the ASCs (Q0 != 0) that they drop."""
-    reach = Q0.any(axis=1)
-    if not reach.any():
-        return 0.0
-    grb = Q0[reach].copy()
-    for a in range(R.shape[1]):
-        grb &= qrb[a, R[reach, a]]
-    return float((~grb.any(axis=1)).mean())
 
 
 def best_fixed_order(qrb: np.ndarray, R: np.ndarray, Q0: np.ndarray,

@@ -140,8 +140,9 @@ class Plan:
         for i, b in enumerate(self.bits):
             lines.append(f"  b{i:<3} " + " AND ".join(f"p{p}" for p in b))
         if self.cover is not None and self.cover.expected_invocations is not None:
-            lines.append(f"\nexpected query invocations per tuple: "
-                         f"{self.cover.expected_invocations:.3f} of {len(self.queries)}")
+            lines.append(f"\nexpected query invocations per tuple from the bits: "
+                         f"{self.cover.expected_invocations:.3f} of {len(self.queries)} "
+                         "(predicates independent; ASCs and residuals filter further)")
         if self.ascs:
             lines += ["", f"attribute selection constructs (>= {self.asc_min_constants} "
                       "constants or a range):"]
