@@ -157,3 +157,21 @@ def test_bit_vector_b_when_asked():
                                           for p in bit])
             got = (B[:, k >> 6] >> np.uint64(k & 63)) & np.uint64(1)
             assert np.array_equal(got.astype(bool), want)
+
+
+def test_shared_expensive_predicate_is_evaluated_once_per_tuple():
+    """Two queries share regexp(dns_qname, 'wiki'): the residual step evaluates it once per
+    tuple that either query's bits let through, not once per query."""
+    sql = ("SELECT ts FROM packets WHERE protocol = 17 AND regexp(dns_qname, 'wiki');"
+           "SELECT ts FROM packets WHERE dst_port = 53 AND regexp(dns_qname, 'wiki')")
+    plan = build_plan(parse_queries(sql))
+    cp = compile_prefilter(plan, "packets")
+    res = Residual(plan, "packets")
+    need = 0
+    for tb in corpus()[0]:
+        _, Q = run_prefilter(cp, tb)
+        need += int(Q.any(axis=1).sum())
+        res.apply(tb, Q)
+    refs = corpus()[1]
+    assert need == sum(p["protocol"] == 17 or p["dst_port"] == 53 for p in refs)
+    assert res.evaluated == need
