@@ -26,7 +26,8 @@ from collector.prefilter import (  # noqa: E402
     _eval_atom_column,
     asc_regions,
     compile_prefilter,
-    ip_words,
+    in_sorted,
+    kernel_inputs,
     prefilter_kernel,
     run_prefilter,  # noqa: E402
 )
@@ -101,19 +102,7 @@ def bench_cover(seeds: list[int], random_seeds: int, repeat: int) -> dict:
 # ------------------------------------------------------------- shared inputs for parts 2-4
 
 
-def matrices(cp, tb):
-    """The kernels' inputs for one batch (built once, outside every timing)."""
-    ints = np.stack([tb.column(c).astype(np.int64) for c in cp.int_cols]) if cp.int_cols \
-        else np.zeros((0, len(tb)), np.int64)
-    his, los = [], []
-    for c in cp.ip_cols:
-        h, lo = ip_words(tb.column(c))
-        his.append(h)
-        los.append(lo)
-    shape = (len(cp.ip_cols), len(tb))
-    ip_hi = np.stack(his) if his else np.zeros(shape, np.uint64)
-    ip_lo = np.stack(los) if los else np.zeros(shape, np.uint64)
-    return ints, ip_hi, ip_lo, tb.ip_valid()
+matrices = kernel_inputs  # built once per batch, outside every timing
 
 
 def batches(tb):
@@ -203,17 +192,7 @@ def _atom(i, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip, set_va
         return x >= a_v[a, 0]
     if op == 7:
         return (a_v[a, 0] <= x <= a_v[a, 1]) != a_neg[a]
-    # IN: binary search in the sorted constants
-    lo = a_v[a, 0]
-    hi = lo + a_v[a, 1]
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if set_vals[mid] < x:
-            lo = mid + 1
-        else:
-            hi = mid
-    found = lo < a_v[a, 0] + a_v[a, 1] and set_vals[lo] == x
-    return found != a_neg[a]
+    return in_sorted(set_vals, a_v[a, 0], a_v[a, 1], x) != a_neg[a]
 
 
 @nb.njit(cache=True, nogil=True)

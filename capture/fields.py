@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 
 # Kinds: how a field is held in numba (column) and in Arrow/Spark.
@@ -43,11 +42,6 @@ class Field:
     @property
     def arrow_type(self) -> pa.DataType:
         return ARROW_TYPES[self.kind]
-
-    @property
-    def numpy_dtype(self) -> np.dtype:
-        return {INT32: np.dtype(np.int32), INT64: np.dtype(np.int64), TS: np.dtype(np.int64),
-                IP: np.dtype(np.uint8), STRING: np.dtype(object)}[self.kind]
 
     @property
     def variable_offset(self) -> bool:

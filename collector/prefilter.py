@@ -166,6 +166,20 @@ def compile_prefilter(plan: Plan, stream: str) -> CompiledPrefilter:
         np.array(asc_tlen, np.int64), r_table)
 
 
+@nb.njit(cache=True, inline="always")
+def in_sorted(set_vals, start, count, x) -> bool:
+    """x among set_vals[start:start + count] (sorted), by binary search."""
+    lo = start
+    hi = start + count
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if set_vals[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo < start + count and set_vals[lo] == x
+
+
 @nb.njit(cache=True, nogil=True)
 def _eval_atom_column(out, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip,
                       set_vals):
@@ -219,16 +233,7 @@ def _eval_atom_column(out, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v
         else:
             for i in range(n):
                 x = ints[c, i]
-                lo = v0
-                hi = v0 + v1
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if set_vals[mid] < x:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                hit = lo < v0 + v1 and set_vals[lo] == x
-                out[i] |= (hit ^ neg) & (x >= 0)
+                out[i] |= (in_sorted(set_vals, v0, v1, x) ^ neg) & (x >= 0)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -473,6 +478,9 @@ class AscRuntime:
         n = len(cp.ascs)
         self.cp, self.strategy, self.period, self.mu, self.sample = cp, strategy, period, mu, \
             sample
+        # the dropping ratio is over the queries the ASCs decide: a query no ASC constrains
+        # (e.g. one without cheap predicates) keeps every tuple and would hide every drop
+        self._decided = np.bitwise_or.reduce(cp.asc_qub, axis=0) if n else None
         self.macro = np.arange(n, dtype=np.int64)
         self.arrows = np.full((n, cp.asc_qrb.shape[1] if n else 1), -1, dtype=np.int64)
         self.d_init: float | None = None
@@ -495,9 +503,7 @@ class AscRuntime:
         cp = self.cp
         if not cp.ascs:
             return 0
-        # the dropping ratio is over the queries the ASCs decide: a query no ASC constrains
-        # (e.g. one without cheap predicates) keeps every tuple and would hide every drop
-        union = np.bitwise_or.reduce(cp.asc_qub, axis=0)
+        union = self._decided
         reach = np.flatnonzero((Q & union).any(axis=1))
         adapt = self.strategy != "fixed"
         if adapt and len(reach) and self._kept < self.sample:
@@ -555,10 +561,9 @@ def ip_words(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return w[:, 0], w[:, 1]
 
 
-def run_prefilter(cp: CompiledPrefilter, tb: TupleBatch, asc: AscRuntime | None = None,
-                  want_b: bool = False) -> tuple[np.ndarray | None, np.ndarray]:
-    """Q for every tuple of a batch (and B with ``want_b``): bits and signatures, then the
-    ASCs (in the runtime's adaptive sequence, or in plan order)."""
+def kernel_inputs(cp: CompiledPrefilter, tb: TupleBatch
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The columns the kernels read: (ints, ip_hi, ip_lo, ip_ok) for the plan's fields."""
     n = len(tb)
     ints = np.empty((len(cp.int_cols), n), dtype=np.int64)
     for k, name in enumerate(cp.int_cols):
@@ -567,7 +572,15 @@ def run_prefilter(cp: CompiledPrefilter, tb: TupleBatch, asc: AscRuntime | None 
     ip_lo = np.empty((len(cp.ip_cols), n), dtype=np.uint64)
     for k, name in enumerate(cp.ip_cols):
         ip_hi[k], ip_lo[k] = ip_words(tb.column(name))
-    ip_ok = tb.ip_valid()
+    return ints, ip_hi, ip_lo, tb.ip_valid()
+
+
+def run_prefilter(cp: CompiledPrefilter, tb: TupleBatch, asc: AscRuntime | None = None,
+                  want_b: bool = False) -> tuple[np.ndarray | None, np.ndarray]:
+    """Q for every tuple of a batch (and B with ``want_b``): bits and signatures, then the
+    ASCs (in the runtime's adaptive sequence, or in plan order)."""
+    n = len(tb)
+    ints, ip_hi, ip_lo, ip_ok = kernel_inputs(cp, tb)
     B = np.zeros((n if want_b else 0, max(1, (len(cp.b_start) + 63) // 64)), dtype=np.uint64)
     Q = np.zeros((n, cp.q_words), dtype=np.uint64)
     prefilter_kernel(ints, ip_hi, ip_lo, ip_ok, cp.a_col, cp.a_op, cp.a_neg, cp.a_v, cp.a_ip,

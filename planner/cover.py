@@ -312,13 +312,6 @@ def cover_matrix(rows: Mapping[Hashable, set | frozenset], budget: int | None = 
                   for r in chosen], [m.preds(b) for b in bits], len(rects), expected, by_sel)
 
 
-def assign_bits(rows: Mapping[Hashable, set | frozenset], budget: int | None = None,
-                selectivity: Mapping[Hashable, float | None] | None = None, max_j: int = 4
-                ) -> list[tuple]:
-    """The prefilter bits for M: each a tuple of predicate ids (a conjunction)."""
-    return cover_matrix(rows, budget, selectivity, max_j).bits
-
-
 def maximal_rectangles(m: Matrix, limit: int = 200_000) -> list[Rect]:
     """Every maximal rectangle of M (closed predicate sets: intersections of columns)."""
     closed: set[int] = {c for c in m.cols if c}

@@ -10,7 +10,13 @@ import pytest
 
 from capture.pcap import PcapReader
 from capture.unpack import unpack
-from collector.prefilter import AscRuntime, asc_regions, compile_prefilter, ip_words, run_prefilter
+from collector.prefilter import (
+    AscRuntime,
+    asc_regions,
+    compile_prefilter,
+    kernel_inputs,
+    run_prefilter,
+)
 from planner.asc import best_fixed_order, hybrid_arrows, macro_sequence, simulate
 from planner.plan import build_plan
 from planner.query import parse_prefix, parse_queries
@@ -108,9 +114,7 @@ def test_regions_equal_reference_and_kernel_equals_simulation():
     ref = packets(capture("ok.pcap"))
     tb = tbs[0]
     n = len(tb)
-    ints = np.stack([tb.column(c).astype(np.int64) for c in cp.int_cols])
-    ip_hi = np.stack([ip_words(tb.column(c))[0] for c in cp.ip_cols])
-    ip_lo = np.stack([ip_words(tb.column(c))[1] for c in cp.ip_cols])
+    ints, ip_hi, ip_lo, _ = kernel_inputs(cp, tb)
     R = asc_regions(np.arange(n), ints, ip_hi, ip_lo, tb.ip_valid(), *cp.asc_arrays())
     for k, a in enumerate(cp.ascs):
         for i, p in enumerate(ref):
@@ -136,9 +140,7 @@ def test_dp_best_order_equals_brute_force_and_beats_or_ties_macro():
     plan = build_plan(parse_queries(WORKLOAD))
     cp, tbs = _sample(plan)
     tb = tbs[0]
-    ints = np.stack([tb.column(c).astype(np.int64) for c in cp.int_cols])
-    ip_hi = np.stack([ip_words(tb.column(c))[0] for c in cp.ip_cols])
-    ip_lo = np.stack([ip_words(tb.column(c))[1] for c in cp.ip_cols])
+    ints, ip_hi, ip_lo, _ = kernel_inputs(cp, tb)
     R = asc_regions(np.arange(len(tb)), ints, ip_hi, ip_lo, tb.ip_valid(),
                     *cp.asc_arrays())
     Q0 = np.full((len(tb), 1), (1 << len(plan.queries)) - 1, dtype=np.uint64)
