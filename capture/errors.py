@@ -7,8 +7,10 @@ class DecodeError(ValueError):
     """Input that cannot be decoded: where (byte offset), in which layer, and why."""
 
     def __init__(self, reason: str, *, offset: int | None = None, layer: str = "",
-                 source: str = "", exporter: str = "", template_id: int | None = None):
+                 source: str = "", exporter: str = "", template_id: int | None = None,
+                 kind: str = ""):
         self.reason = reason
+        self.kind = kind or layer  # short metric label, e.g. "truncated_record_data"
         self.offset = offset
         self.layer = layer
         self.source = source

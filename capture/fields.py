@@ -126,6 +126,14 @@ FLOW_FIELDS: tuple[Field, ...] = (
     _f("direction", F, INT32, "flow", 1, 0, True, False, "0 ingress, 1 egress"),
 )
 
+# Cost of finding a group's header (walking the layers in front of it), paid once when the group
+# is unpacked as a whole; a field unpacked alone pays its own ``cost``, which includes that walk.
+# Prefilter paper, section 2.4: the planner covers the fields a plan needs with groups and single
+# fields by weighted set cover (planner/unpacking.py).
+GROUP_BASE: dict[str, float] = {
+    "meta": 0, "link": 1, "ip": 2, "l4": 3, "dns": 4, "dns_name": 0, "flow": 0,
+}
+
 STREAMS: dict[str, dict[str, Field]] = {
     P: {f.name: f for f in PACKET_FIELDS},
     F: {f.name: f for f in FLOW_FIELDS},
@@ -138,6 +146,14 @@ def fields(stream: str) -> dict[str, Field]:
         return STREAMS[stream]
     except KeyError:
         raise KeyError(f"unknown stream {stream!r} (known: {', '.join(STREAMS)})") from None
+
+
+def group_fields(stream: str) -> dict[str, list[str]]:
+    """Each protocol-layer group of a stream and its fields, in catalogue order."""
+    out: dict[str, list[str]] = {}
+    for f in fields(stream).values():
+        out.setdefault(f.group, []).append(f.name)
+    return out
 
 
 def groupable(stream: str) -> list[Field]:

@@ -8,6 +8,7 @@ Absent values are NULL: -1 in integer columns (every catalogue integer is non-ne
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numba as nb
@@ -42,6 +43,12 @@ def _be16(buf, p):
 def _be32(buf, p):
     return (np.int64(buf[p]) << 24) | (np.int64(buf[p + 1]) << 16) | \
         (np.int64(buf[p + 2]) << 8) | np.int64(buf[p + 3])
+
+
+@nb.njit(cache=True, inline="always")
+def _put(ints, want, c, i, v):
+    if want[c]:
+        ints[c, i] = v
 
 
 @nb.njit(cache=True)
@@ -94,58 +101,62 @@ def _qname(buf, dns, end, out, row):
 
 
 @nb.njit(cache=True)
-def _dns(buf, d, end, ints, i, want_qname, qn_len, qn_buf):
+def _dns(buf, d, end, ints, want, i, want_qname, qn_len, qn_buf):
     if d + 12 > end:
         return
     flags = _be16(buf, d + 2)
-    ints[C_DID, i] = _be16(buf, d)
-    ints[C_DQR, i] = (flags >> 15) & 1
-    ints[C_DOP, i] = (flags >> 11) & 0xF
-    ints[C_DRC, i] = flags & 0xF
     qd = _be16(buf, d + 4)
-    ints[C_DQD, i] = qd
-    ints[C_DAN, i] = _be16(buf, d + 6)
+    _put(ints, want, C_DID, i, _be16(buf, d))
+    _put(ints, want, C_DQR, i, (flags >> 15) & 1)
+    _put(ints, want, C_DOP, i, (flags >> 11) & 0xF)
+    _put(ints, want, C_DRC, i, flags & 0xF)
+    _put(ints, want, C_DQD, i, qd)
+    _put(ints, want, C_DAN, i, _be16(buf, d + 6))
     if want_qname and qd > 0:
         qn_len[i] = _qname(buf, d, end, qn_buf, i)
 
 
 @nb.njit(cache=True)
-def _l4(buf, p, end, proto, ints, i, want_dns, want_qname, qn_len, qn_buf):
+def _l4(buf, p, end, proto, ints, want, i, want_dns, want_qname, qn_len, qn_buf):
     if proto == 6 or proto == 17 or proto == 132:
         if p + 4 > end:
             return
         sp = _be16(buf, p)
         dp = _be16(buf, p + 2)
-        ints[C_SPORT, i] = sp
-        ints[C_DPORT, i] = dp
+        _put(ints, want, C_SPORT, i, sp)
+        _put(ints, want, C_DPORT, i, dp)
         if proto == 6:
             if p + 14 > end:
                 return
-            ints[C_TCPF, i] = buf[p + 13]
+            _put(ints, want, C_TCPF, i, buf[p + 13])
             if want_dns and (sp == 53 or dp == 53 or sp == 5353 or dp == 5353):
                 doff = (np.int64(buf[p + 12]) >> 4) * 4
                 if doff >= 20 and p + doff + 2 + 12 <= end:
-                    _dns(buf, p + doff + 2, end, ints, i, want_qname, qn_len, qn_buf)
+                    _dns(buf, p + doff + 2, end, ints, want, i, want_qname, qn_len, qn_buf)
         elif proto == 17:
             if want_dns and (sp == 53 or dp == 53 or sp == 5353 or dp == 5353):
-                _dns(buf, p + 8, end, ints, i, want_qname, qn_len, qn_buf)
+                _dns(buf, p + 8, end, ints, want, i, want_qname, qn_len, qn_buf)
     elif proto == 1 or proto == 58:
         if p + 2 > end:
             return
-        ints[C_ICT, i] = buf[p]
-        ints[C_ICC, i] = buf[p + 1]
+        _put(ints, want, C_ICT, i, buf[p])
+        _put(ints, want, C_ICC, i, buf[p + 1])
 
 
 @nb.njit(cache=True)
-def unpack_packets(buf, offset, caplen, wirelen, linktype, iface, want_dns, want_qname,
-                   ints, src, dst, qn_len, qn_buf):
-    """Decode every record of a batch into the caller-allocated columns (NULL = -1)."""
+def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_src, want_dst,
+                   walk_ip, walk_l4, want_dns, want_qname, ints, src, dst, qn_len, qn_buf):
+    """Decode every record of a batch into the caller-allocated columns (NULL = -1).
+
+    ``want`` says which integer columns to write; the walk flags say how deep to decode (the
+    plan's unpack groups, chosen by weighted set cover in planner/unpacking.py)."""
     for i in range(offset.shape[0]):
         p = offset[i]
         end = p + caplen[i]
-        ints[C_IFACE, i] = iface
-        ints[C_CAPLEN, i] = caplen[i]
-        ints[C_WIRELEN, i] = wirelen[i]
+        linktype = linktypes[i]
+        _put(ints, want, C_IFACE, i, ifaces[i])
+        _put(ints, want, C_CAPLEN, i, caplen[i])
+        _put(ints, want, C_WIRELEN, i, wirelen[i])
         et = -1
         # --- link layer
         if linktype == 1:
@@ -171,29 +182,39 @@ def unpack_packets(buf, offset, caplen, wirelen, linktype, iface, want_dns, want
         elif linktype == 0 or linktype == 108:
             if p + 4 > end:
                 continue
-            if linktype == 0:  # host byte order of the capturing machine: accept either
-                fam = np.int64(buf[p]) | np.int64(buf[p + 3])
+            # DLT_NULL is in the capturing host's byte order, DLT_LOOP in network order;
+            # accept either, as libpcap and dpkt do; IPv6 is 24, 28 or 30 (BSDs, macOS)
+            le = _be32(buf, p) if linktype == 108 else (
+                np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8) | (np.int64(buf[p + 2]) << 16) |
+                (np.int64(buf[p + 3]) << 24))
+            be = _be32(buf, p)
+            if le == 2 or be == 2:
+                et = 0x0800
+            elif le == 24 or le == 28 or le == 30 or be == 24 or be == 28 or be == 30:
+                et = 0x86DD
             else:
-                fam = np.int64(buf[p + 3])
-            et = 0x0800 if fam == 2 else (0x86DD if fam == 10 or fam == 24 or fam == 28
-                                          or fam == 30 else -1)
+                et = -1
             p += 4
         else:
             continue
         # --- VLAN tags (802.1Q, 802.1ad, old QinQ)
+        tags = 0
         while (et == 0x8100 or et == 0x88A8 or et == 0x9100) and p + 4 <= end:
             tci = _be16(buf, p) & 0x0FFF
-            if ints[C_VLAN, i] < 0:
-                ints[C_VLAN, i] = tci
-            elif ints[C_VLAN2, i] < 0:
-                ints[C_VLAN2, i] = tci
+            if tags == 0:
+                _put(ints, want, C_VLAN, i, tci)
+            elif tags == 1:
+                _put(ints, want, C_VLAN2, i, tci)
+            tags += 1
             et = _be16(buf, p + 2)
             p += 4
         # --- MPLS label stack; the payload's first nibble tells IPv4 from IPv6
         if et == 0x8847 or et == 0x8848:
+            top = True
             while p + 4 <= end:
-                if ints[C_MPLS, i] < 0:
-                    ints[C_MPLS, i] = np.int32(_be32(buf, p) >> 12)
+                if top:
+                    _put(ints, want, C_MPLS, i, np.int32(_be32(buf, p) >> 12))
+                    top = False
                 bos = buf[p + 2] & 1
                 p += 4
                 if bos:
@@ -204,7 +225,9 @@ def unpack_packets(buf, offset, caplen, wirelen, linktype, iface, want_dns, want
                     et = 0x0800
                 elif v == 6:
                     et = 0x86DD
-        ints[C_ETH, i] = et
+        _put(ints, want, C_ETH, i, et)
+        if not walk_ip:
+            continue
         # --- network layer
         if et == 0x0800:
             if p + 20 > end or (buf[p] >> 4) != 4:
@@ -215,36 +238,44 @@ def unpack_packets(buf, offset, caplen, wirelen, linktype, iface, want_dns, want
             tot = _be16(buf, p + 2)
             ff = _be16(buf, p + 6)
             proto = np.int32(buf[p + 9])
-            ints[C_IPV, i] = 4
-            ints[C_TOS, i] = buf[p + 1]
-            ints[C_IPID, i] = _be16(buf, p + 4)
-            ints[C_DF, i] = (ff >> 14) & 1
-            ints[C_MF, i] = (ff >> 13) & 1
             foff = (ff & 0x1FFF) * 8
-            ints[C_FOFF, i] = foff
-            ints[C_TTL, i] = buf[p + 8]
-            ints[C_PROTO, i] = proto
-            src[i, 10] = 0xFF
-            src[i, 11] = 0xFF
-            dst[i, 10] = 0xFF
-            dst[i, 11] = 0xFF
-            for k in range(4):
-                src[i, 12 + k] = buf[p + 12 + k]
-                dst[i, 12 + k] = buf[p + 16 + k]
+            _put(ints, want, C_IPV, i, 4)
+            _put(ints, want, C_TOS, i, buf[p + 1])
+            _put(ints, want, C_IPID, i, _be16(buf, p + 4))
+            _put(ints, want, C_DF, i, (ff >> 14) & 1)
+            _put(ints, want, C_MF, i, (ff >> 13) & 1)
+            _put(ints, want, C_FOFF, i, foff)
+            _put(ints, want, C_TTL, i, buf[p + 8])
+            _put(ints, want, C_PROTO, i, proto)
+            if want_src:
+                src[i, 10] = 0xFF
+                src[i, 11] = 0xFF
+                for k in range(4):
+                    src[i, 12 + k] = buf[p + 12 + k]
+            if want_dst:
+                dst[i, 10] = 0xFF
+                dst[i, 11] = 0xFF
+                for k in range(4):
+                    dst[i, 12 + k] = buf[p + 16 + k]
             l4end = end
             if tot >= ihl and p + tot < end:  # drop Ethernet trailer padding
                 l4end = p + tot
-            if foff == 0 and p + ihl <= l4end:
-                _l4(buf, p + ihl, l4end, proto, ints, i, want_dns, want_qname, qn_len, qn_buf)
+            if walk_l4 and foff == 0 and p + ihl <= l4end:
+                _l4(buf, p + ihl, l4end, proto, ints, want, i, want_dns, want_qname, qn_len,
+                    qn_buf)
         elif et == 0x86DD:
             if p + 40 > end or (buf[p] >> 4) != 6:
                 continue
-            ints[C_IPV, i] = 6
-            ints[C_TOS, i] = ((np.int32(buf[p]) & 0x0F) << 4) | (np.int32(buf[p + 1]) >> 4)
-            ints[C_TTL, i] = buf[p + 7]
-            for k in range(16):
-                src[i, k] = buf[p + 8 + k]
-                dst[i, k] = buf[p + 24 + k]
+            _put(ints, want, C_IPV, i, 6)
+            _put(ints, want, C_TOS, i,
+                 ((np.int32(buf[p]) & 0x0F) << 4) | (np.int32(buf[p + 1]) >> 4))
+            _put(ints, want, C_TTL, i, buf[p + 7])
+            if want_src:
+                for k in range(16):
+                    src[i, k] = buf[p + 8 + k]
+            if want_dst:
+                for k in range(16):
+                    dst[i, k] = buf[p + 24 + k]
             plen = _be16(buf, p + 4)
             l4end = end
             if p + 40 + plen < end:
@@ -253,6 +284,9 @@ def unpack_packets(buf, offset, caplen, wirelen, linktype, iface, want_dns, want
             q = p + 40
             first = True
             ok = True
+            foff = 0
+            mf = 0
+            fid = -1
             for _ in range(16):  # extension-header chain, bounded
                 if nh == 0 or nh == 43 or nh == 60 or nh == 51:
                     if q + 2 > l4end:
@@ -269,22 +303,23 @@ def unpack_packets(buf, offset, caplen, wirelen, linktype, iface, want_dns, want
                         ok = False
                         break
                     fo = _be16(buf, q + 2)
-                    ints[C_FOFF, i] = fo & 0xFFF8
-                    ints[C_MF, i] = fo & 1
-                    ints[C_DF, i] = 0
-                    if (fo & 0xFFF8) != 0:
+                    foff = fo & 0xFFF8
+                    mf = fo & 1
+                    fid = np.int32(_be32(buf, q + 4) & 0x7FFFFFFF)
+                    if foff != 0:
                         first = False
                     nh = np.int32(buf[q])
                     q += 8
                 else:
                     break
-            ints[C_PROTO, i] = nh
-            if ints[C_FOFF, i] < 0:
-                ints[C_FOFF, i] = 0
-                ints[C_MF, i] = 0
-                ints[C_DF, i] = 0
-            if ok and first and q <= l4end:
-                _l4(buf, q, l4end, nh, ints, i, want_dns, want_qname, qn_len, qn_buf)
+            _put(ints, want, C_PROTO, i, nh)
+            _put(ints, want, C_FOFF, i, foff)
+            _put(ints, want, C_MF, i, mf)
+            _put(ints, want, C_DF, i, 0)
+            if fid >= 0:
+                _put(ints, want, C_IPID, i, fid)
+            if walk_l4 and ok and first and q <= l4end:
+                _l4(buf, q, l4end, nh, ints, want, i, want_dns, want_qname, qn_len, qn_buf)
 
 
 @dataclass
@@ -312,6 +347,8 @@ class TupleBatch:
             return self.time
         if name in self.ips:
             return self.ips[name]
+        if name in ("src_ip", "dst_ip"):  # not unpacked for this plan
+            return np.zeros((len(self), 16), np.uint8)
         return self.ints[PACKET_INT_INDEX[name]]
 
     def ip_valid(self) -> np.ndarray:
@@ -325,6 +362,8 @@ class TupleBatch:
         if f.kind == TS:
             return pa.array(self.ts_ns // 1000, type=pa.timestamp("us", tz="UTC"))
         if f.kind == IP:
+            if name not in self.ips:
+                return pa.nulls(len(self), pa.binary())
             return _ip_binary(self.ips[name], self.ip_valid())
         col = self.column(name)
         if name == "time":
@@ -353,23 +392,41 @@ def _ip_binary(col: np.ndarray, valid: np.ndarray) -> pa.Array:
         null_count=int((~valid).sum()))
 
 
-def unpack(raw, want_groups: set[str] | None = None) -> TupleBatch:
-    """Unpack a RawBatch; ``want_groups`` limits the optional groups (dns, dns_name)."""
+_GROUP_OF = {f.name: f.group for f in fields("packets").values()}
+_IP_DEEP = {"ip", "l4", "dns", "dns_name"}
+_L4_DEEP = {"l4", "dns", "dns_name"}
+
+
+def unpack(raw, want: Iterable[str] | None = None) -> TupleBatch:
+    """Unpack a RawBatch; ``want`` (catalogue field names, default all) is what the plan's unpack
+    groups extract: other columns stay NULL and layers below them are not decoded."""
     n = len(raw)
-    want_dns = want_groups is None or bool({"dns", "dns_name"} & want_groups)
-    want_qname = want_groups is None or "dns_name" in want_groups
+    names = set(_GROUP_OF) if want is None else set(want)
+    unknown = names - set(_GROUP_OF)
+    if unknown:
+        raise KeyError(f"unknown packets field(s): {', '.join(sorted(unknown))}")
+    if names & {"src_ip", "dst_ip"}:
+        names.add("ip_version")  # the addresses' validity
+    groups = {_GROUP_OF[f] for f in names}
+    want_int = np.array([f in names for f in PACKET_INT_FIELDS], dtype=np.bool_)
+    want_src, want_dst = "src_ip" in names, "dst_ip" in names
+    want_qname = "dns_qname" in names
+    want_dns = bool(groups & {"dns", "dns_name"})
     ints = np.full((len(PACKET_INT_FIELDS), n), NULL_INT, dtype=np.int32)
-    src = np.zeros((n, 16), dtype=np.uint8)
-    dst = np.zeros((n, 16), dtype=np.uint8)
-    qn_len = np.full(n, -1, dtype=np.int32)
+    src = np.zeros((n if want_src else 0, 16), dtype=np.uint8)
+    dst = np.zeros((n if want_dst else 0, 16), dtype=np.uint8)
+    qn_len = np.full(n if want_qname else 0, -1, dtype=np.int32)
     qn_buf = np.zeros((n if want_qname else 0, QNAME_STRIDE), dtype=np.uint8)
     unpack_packets(raw.buf, raw.offset, raw.caplen, raw.wirelen, raw.linktype, raw.iface,
-                   want_dns, want_qname, ints, src, dst, qn_len, qn_buf)
-    strings = {}
-    if want_qname:
-        strings["dns_qname"] = _strings(qn_buf, qn_len)
-    return TupleBatch("packets", raw.ts_ns.copy(), ints, {"src_ip": src, "dst_ip": dst},
-                      strings)
+                   want_int, want_src, want_dst, bool(groups & _IP_DEEP),
+                   bool(groups & _L4_DEEP), want_dns, want_qname, ints, src, dst, qn_len, qn_buf)
+    ips = {}
+    if want_src:
+        ips["src_ip"] = src
+    if want_dst:
+        ips["dst_ip"] = dst
+    strings = {"dns_qname": _strings(qn_buf, qn_len)} if want_qname else {}
+    return TupleBatch("packets", raw.ts_ns.copy(), ints, ips, strings)
 
 
 def _strings(buf: np.ndarray, lengths: np.ndarray) -> pa.Array:

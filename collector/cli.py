@@ -97,7 +97,7 @@ def _measure(plan, capture: str):
     """Selectivity of every cheap predicate on a capture, and the ASC sequence chosen on it."""
     import numpy as np
 
-    from capture.pcap import PcapReader
+    from capture.pcap import open_capture
     from capture.unpack import unpack
     from collector.prefilter import AscRuntime, compile_prefilter, run_prefilter
     from collector.residual import eval_predicate
@@ -105,8 +105,8 @@ def _measure(plan, capture: str):
     total = 0
     cp = compile_prefilter(plan, "packets")
     asc = AscRuntime(cp, "hybrid", period=1 << 62, sample=1 << 16)
-    for raw in PcapReader(capture):
-        tb = unpack(raw, plan.unpack_groups("packets") | {"dns", "dns_name"})
+    for raw in open_capture(capture):
+        tb = unpack(raw)
         rows = np.arange(len(tb))
         total += len(tb)
         for info in plan.predicates:
@@ -164,7 +164,7 @@ def _cell(kind: str, v, for_json: bool):
 
 
 def cmd_decode(args) -> int:
-    from capture.pcap import PcapReader
+    from capture.pcap import open_capture
     from capture.unpack import unpack
     if args.stream == "flows":
         raise CliError("--stream flows is not supported yet: the NetFlow/IPFIX collector is "
@@ -178,10 +178,10 @@ def cmd_decode(args) -> int:
     writer = csv.writer(out, lineterminator="\n") if args.format == "csv" else None
     if writer:
         writer.writerow(names)
-    reader = PcapReader(args.capture)
+    reader = open_capture(args.capture)
     try:
         for raw in reader:
-            tb = unpack(raw)
+            tb = unpack(raw, [n for n in names if n in cat])
             cols = []
             for n in names:
                 if n == "ts":

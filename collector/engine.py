@@ -48,7 +48,7 @@ class _Compiled:
     prefilter: CompiledPrefilter
     asc: AscRuntime
     residual: Residual
-    groups: set[str]
+    fields: tuple[str, ...]  # what the plan's unpack groups extract
     folders: list[FolderPlan]
     names: dict[int, str]
 
@@ -110,7 +110,7 @@ class Engine:
         a = self.asc_config
         runtime = AscRuntime(cp, a.strategy, a.period_tuples, a.mu, a.sample)
         return _Compiled(plan, cp, runtime, Residual(plan, self.stream),
-                         plan.unpack_groups(self.stream), folders,
+                         plan.unpacking(self.stream).fields, folders,
                          {qp.slot: qp.query.name for qp in plan.queries
                           if qp.query.stream == self.stream})
 
@@ -137,7 +137,7 @@ class Engine:
         if c is None or not c.folders:
             self.metrics.prefilter_dropped.labels(self.stream).inc(len(raw))
             return 0
-        tb = unpack(raw, c.groups)
+        tb = unpack(raw, c.fields)
         return self.process_tuples(c, tb)
 
     def process_tuples(self, c: _Compiled, tb: TupleBatch) -> int:

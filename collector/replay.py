@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from capture.errors import DecodeError
-from capture.pcap import PcapReader
+from capture.pcap import open_capture
 from collector.config import AscConfig
 from collector.engine import Engine
 from collector.metrics import Metrics
@@ -46,13 +46,13 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
                     asc=asc)
     engine.set_plan(plan)
     error = None
-    reader = PcapReader(capture, batch_size)
+    reader = open_capture(capture, batch_size)
     try:
         for raw in reader:
             engine.process(raw, "replay")
     except DecodeError as e:
         error = e
-        metrics.decode_errors.labels("replay", e.layer or "input").inc()
+        metrics.decode_errors.labels("replay", e.kind or "input").inc()
     engine.finish()
     slots = {qp.slot: qp.query for qp in plan.queries}
     job = SparkJob(spark, work / "spool", work / "results", work / "checkpoints", slots.get,

@@ -104,7 +104,7 @@ class Collector:
                     last_beat = now
             engine.finish()
         except DecodeError as e:
-            self.metrics.decode_errors.labels(src.name, e.layer or "input").inc()
+            self.metrics.decode_errors.labels(src.name, e.kind or "input").inc()
             self.source_errors.append(str(e))
             log.error("source %s: %s", src.name, e)
             engine.finish()

@@ -9,7 +9,8 @@ from typing import Protocol
 
 import numpy as np
 
-from capture.pcap import PcapReader, RawBatch
+from capture.pcap import open_capture
+from capture.records import RawBatch
 
 
 class Source(Protocol):
@@ -23,21 +24,24 @@ class Source(Protocol):
 
 
 class PcapFileSource:
-    """A pcap file read once, or looped: each loop is re-stamped so that it replays at the
-    current time and at the capture's own pace (results keep coming, windows keep closing)."""
+    """A pcap or pcapng file read once, followed as it grows (``tcpdump -w FILE``), or looped:
+    each loop is re-stamped so that it replays at the current time and at the capture's own
+    pace (results keep coming, windows keep closing)."""
 
     def __init__(self, path: str, name: str = "pcap", loop: bool = False, restamp: bool = False,
-                 batch_size: int = 65536, tick_s: float = 0.2):
+                 batch_size: int = 65536, tick_s: float = 0.2, follow: bool = False):
         self.path, self.name, self.loop, self.restamp = path, name, loop, restamp
+        self.follow = follow
         self.batch_size = batch_size
         self.tick_s = tick_s
         self.loops = 0
-        self.reader: PcapReader | None = None
+        self.reader = None
 
     def batches(self, stop: threading.Event) -> Iterator[RawBatch | None]:
         last_ns = 0
         while not stop.is_set():
-            self.reader = reader = PcapReader(self.path, self.batch_size)
+            self.reader = reader = open_capture(self.path, self.batch_size, follow=self.follow,
+                                                stop=stop)
             shift = None
             for raw in reader:
                 if not self.restamp:
@@ -47,8 +51,7 @@ class PcapFileSource:
                     start = max(time.time_ns(), last_ns + 1_000_000)
                     shift = start - int(raw.ts_ns[0])
                 ts = raw.ts_ns + shift
-                raw = RawBatch(raw.buf, raw.offset, raw.caplen, raw.wirelen, ts, raw.linktype,
-                               raw.iface)
+                raw = raw.restamped(ts)
                 due = np.maximum.accumulate(ts)
                 pos = 0
                 while pos < len(raw) and not stop.is_set():

@@ -14,6 +14,7 @@ from capture.fields import fields
 from planner.asc import ASC, add_candidate_arrows, asc_attributes, build_asc, single_attribute
 from planner.cover import Cover, cover_matrix
 from planner.query import Predicate, Query
+from planner.unpacking import Unpacking, choose_unpacking
 
 MAX_ASCS = 12
 
@@ -93,9 +94,9 @@ class Plan:
                 out.update(p.fields)
         return out
 
-    def unpack_groups(self, stream: str) -> set[str]:
-        cat = fields(stream)
-        return {cat[f].group for f in self.unpack_fields(stream)}
+    def unpacking(self, stream: str) -> Unpacking:
+        """The groups and single fields that cover what the plan reads (weighted set cover)."""
+        return choose_unpacking(stream, self.unpack_fields(stream))
 
     def to_json(self) -> dict:
         return {
@@ -112,7 +113,8 @@ class Plan:
             "candidate_rectangles": self.cover.candidates if self.cover else 0,
             "expected_invocations": self.cover.expected_invocations if self.cover else None,
             "queries": [qp.to_json() for qp in self.queries],
-            "unpack_groups": {s: sorted(self.unpack_groups(s)) for s in self.streams()},
+            "unpack_groups": {s: list(self.unpacking(s).groups) for s in self.streams()},
+            "unpack": {s: self.unpacking(s).to_json() for s in self.streams()},
             "bpf": self.bpf,
         }
 
@@ -171,7 +173,10 @@ class Plan:
                          f"{'select' if q.is_selection else f'every {q.period} s'}]  "
                          f"signature {sig}{ascs}  residual {res}")
         for s in self.streams():
-            lines.append(f"\nunpack groups ({s}): {', '.join(sorted(self.unpack_groups(s)))}")
+            u = self.unpacking(s)
+            lines.append(f"\nunpack ({s}): groups {', '.join(u.groups) or '-'}; single fields "
+                         f"{', '.join(u.singles) or '-'}; cost {u.cost:g} (each field alone "
+                         f"{u.cost_singly:g}, every group {u.cost_all:g})")
         return "\n".join(lines)
 
 

@@ -20,31 +20,70 @@ def ip_text(raw: bytes) -> str:
 
 
 def link(buf: bytes, linktype: int):
-    """(outer vlan, inner vlan, network-layer object or None) per dpkt."""
+    """(outer vlan, inner vlan, mpls label, eth_type, network-layer object or None) per dpkt.
+
+    DESIGN's ``eth_type`` is the EtherType after VLAN tags and MPLS labels; behind MPLS dpkt
+    keeps 0x8847 and guesses IPv4/IPv6 from the payload, so the reference takes the type of what
+    dpkt decoded there."""
+    vlan = vlan2 = mpls = None
     if linktype == 1:
         eth = dpkt.ethernet.Ethernet(buf)
         tags = [t.id for t in getattr(eth, "vlan_tags", [])]
-        return (tags[0] if tags else None, tags[1] if len(tags) > 1 else None, eth.data)
-    if linktype == 113:
-        return None, None, dpkt.sll.SLL(buf).data
-    raise ValueError(f"linktype {linktype}")
+        vlan = tags[0] if tags else None
+        vlan2 = tags[1] if len(tags) > 1 else None
+        et, net = eth.type, eth.data
+        vtags = getattr(eth, "vlan_tags", [])
+        if vtags:  # dpkt keeps the outer type of a tag stack; the innermost tag names the payload
+            et = vtags[-1].type
+        labels = getattr(eth, "mpls_labels", [])
+        if labels:
+            mpls = labels[0].val
+    elif linktype == 113:
+        sll = dpkt.sll.SLL(buf)
+        et, net = sll.ethtype, sll.data
+    elif linktype == 276:
+        sll2 = dpkt.sll2.SLL2(buf)
+        et, net = sll2.ethtype, sll2.data
+    elif linktype in (101, 12):
+        v = buf[0] >> 4 if buf else 0
+        et = {4: 0x0800, 6: 0x86DD}.get(v)
+        net = dpkt.ip.IP(buf) if v == 4 else dpkt.ip6.IP6(buf) if v == 6 else None
+    elif linktype in (0, 108):
+        lo = dpkt.loopback.Loopback(buf)
+        net = lo.data
+        et = 0x0800 if lo.family == 2 else 0x86DD if lo.family in (24, 28, 30) else None
+        if et is None:
+            net = None
+    else:
+        raise ValueError(f"linktype {linktype}")
+    if et in (0x8847, 0x8848):
+        et = 0x0800 if isinstance(net, dpkt.ip.IP) else 0x86DD if isinstance(
+            net, dpkt.ip6.IP6) else et
+    return vlan, vlan2, mpls, et, net
+
+
+FIELDS = ("time", "caplen", "eth_type", "vlan", "vlan_inner", "mpls_label", "ip_version",
+          "src_ip", "dst_ip", "protocol", "ttl", "tos", "ip_id", "frag_offset", "more_fragments",
+          "dont_fragment", "src_port", "dst_port", "tcp_flags", "icmp_type", "icmp_code",
+          "dns_id", "dns_qr", "dns_opcode", "dns_rcode", "dns_qdcount", "dns_ancount",
+          "dns_qname")
 
 
 def fields_of(ts: float, buf: bytes, linktype: int) -> dict:
     """The DESIGN fields of one packet, decoded by dpkt."""
-    out = {"time": int(ts), "wirelen": None, "vlan": None, "vlan_inner": None,
-           "ip_version": None, "src_ip": None, "dst_ip": None, "protocol": None, "ttl": None,
-           "src_port": None, "dst_port": None, "tcp_flags": None, "icmp_type": None,
-           "icmp_code": None, "dns_qr": None, "dns_id": None, "dns_qname": None}
+    out = dict.fromkeys(FIELDS)
+    out["time"], out["caplen"] = int(ts), len(buf)
     try:
-        vlan, vlan2, net = link(buf, linktype)
-    except (dpkt.UnpackError, ValueError):
+        out["vlan"], out["vlan_inner"], out["mpls_label"], out["eth_type"], net = \
+            link(buf, linktype)
+    except (dpkt.UnpackError, ValueError, IndexError):
         return out
-    out["vlan"], out["vlan_inner"] = vlan, vlan2
     l4 = None
     if isinstance(net, dpkt.ip.IP):
+        # dpkt's IP.offset counts 8-byte units; DESIGN's frag_offset is in bytes
         out.update(ip_version=4, src_ip=ip_text(net.src), dst_ip=ip_text(net.dst),
-                   protocol=net.p, ttl=net.ttl)
+                   protocol=net.p, ttl=net.ttl, tos=net.tos, ip_id=net.id,
+                   frag_offset=net.offset * 8, more_fragments=net.mf, dont_fragment=net.df)
         first = net.offset == 0
         l4 = net.data if first else None
         if first and isinstance(l4, bytes) and net.p in (6, 17):
@@ -56,43 +95,62 @@ def fields_of(ts: float, buf: bytes, linktype: int) -> dict:
     elif isinstance(net, dpkt.ip6.IP6):
         # dpkt's IP6.p is the final upper-layer protocol after the extension headers it knows
         out.update(ip_version=6, src_ip=ip_text(net.src), dst_ip=ip_text(net.dst),
-                   protocol=net.p, ttl=net.hlim)
+                   protocol=net.p, ttl=net.hlim, tos=(net.fc if hasattr(net, "fc") else
+                                                       (net._v_fc_flow >> 20) & 0xFF),
+                   frag_offset=0, more_fragments=0, dont_fragment=0)
         frag = net.extension_hdrs.get(dpkt.ip.IP_PROTO_FRAGMENT) if hasattr(
             net, "extension_hdrs") else None
+        if frag is not None:
+            out.update(frag_offset=frag.frag_off * 8, more_fragments=frag.m_flag,
+                       ip_id=frag.id & 0x7FFFFFFF)
         l4 = net.data if frag is None or frag.frag_off == 0 else None
-    if isinstance(l4, dpkt.tcp.TCP | dpkt.udp.UDP):
+    if isinstance(l4, dpkt.tcp.TCP | dpkt.udp.UDP | dpkt.sctp.SCTP):
         out["src_port"], out["dst_port"] = l4.sport, l4.dport
         if isinstance(l4, dpkt.tcp.TCP):
             out["tcp_flags"] = l4.flags & 0xFF
-        if {l4.sport, l4.dport} & {53, 5353}:
+        if isinstance(l4, dpkt.tcp.TCP | dpkt.udp.UDP) and {l4.sport, l4.dport} & {53, 5353}:
             payload = bytes(l4.data)
             if isinstance(l4, dpkt.tcp.TCP):
                 payload = payload[2:]
             if len(payload) >= 12:
-                try:
-                    d = dpkt.dns.DNS(payload)
-                    out["dns_qr"], out["dns_id"] = d.qr, d.id
-                    if d.qd:
-                        out["dns_qname"] = d.qd[0].name.lower()
-                except (dpkt.UnpackError, IndexError):
-                    # e.g. the first IPv6 fragment of a large response: the whole message does
-                    # not parse, but DESIGN takes the header and question from first fragments
-                    out["dns_qr"] = payload[2] >> 7
-                    out["dns_id"] = int.from_bytes(payload[:2], "big")
-                    if int.from_bytes(payload[4:6], "big"):
-                        out["dns_qname"] = dpkt.dns.unpack_name(payload, 12)[0].lower()
+                out.update(_dns(payload))
     elif isinstance(l4, dpkt.icmp.ICMP | dpkt.icmp6.ICMP6):
         out["icmp_type"], out["icmp_code"] = l4.type, l4.code
     return out
 
 
+def _dns(payload: bytes) -> dict:
+    try:
+        d = dpkt.dns.DNS(payload)
+        return {"dns_qr": d.qr, "dns_id": d.id, "dns_opcode": d.opcode, "dns_rcode": d.rcode,
+                "dns_qdcount": len(d.qd), "dns_ancount": len(d.an),
+                "dns_qname": d.qd[0].name.lower() if d.qd else None}
+    except (dpkt.UnpackError, IndexError):
+        # e.g. the first IPv6 fragment of a large response: the whole message does not
+        # parse, but DESIGN takes the header and question from first fragments; dpkt's
+        # header-only parse gives the header fields
+        h = dpkt.dns.DNS()
+        dpkt.Packet.unpack(h, payload[:12])
+        qd = int.from_bytes(payload[4:6], "big")
+        name = None
+        if qd:
+            try:
+                name = dpkt.dns.unpack_name(payload, 12)[0].lower()
+            except (dpkt.UnpackError, IndexError):
+                name = None
+        return {"dns_qr": h.qr, "dns_id": h.id, "dns_opcode": h.opcode, "dns_rcode": h.rcode,
+                "dns_qdcount": qd, "dns_ancount": int.from_bytes(payload[6:8], "big"),
+                "dns_qname": name}
+
+
 def packets(path) -> list[dict]:
-    """Every packet of a pcap file, decoded by dpkt."""
+    """Every packet of a pcap or pcapng file, decoded by dpkt."""
     out = []
     with open(path, "rb") as fh:
-        r = dpkt.pcap.Reader(fh)
+        magic = fh.read(4)
+        fh.seek(0)
+        r = (dpkt.pcapng.Reader if magic == b"\x0a\x0d\x0d\x0a" else dpkt.pcap.Reader)(fh)
         lt = r.datalink()
         for ts, buf in r:
-            f = fields_of(float(ts), buf, lt)
-            out.append(f)
+            out.append(fields_of(float(ts), buf, lt))
     return out

@@ -12,16 +12,16 @@ from tests.conftest import DATA, ROOT
 SCRIPT = r"""
 import struct, sys
 import numpy as np
-from capture.pcap import PcapReader
+from capture.pcap import open_capture
 from capture.unpack import unpack
 
 rng = np.random.default_rng(20261121)
 frames = []
 for name in sys.argv[1:]:
-    for raw in PcapReader(name):
+    for raw in open_capture(name):
         for i in range(len(raw)):
             o = int(raw.offset[i])
-            frames.append((raw.linktype, raw.buf[o:o + raw.caplen[i]].tobytes()))
+            frames.append((int(raw.linktype[i]), raw.buf[o:o + raw.caplen[i]].tobytes()))
 out = {}
 for k in range(20000):
     lt, f = frames[rng.integers(len(frames))]
@@ -35,7 +35,7 @@ total = 0
 for lt, recs in out.items():
     body = b"".join(struct.pack("<IIII", 1, 0, len(r), len(r) + 10) + r for r in recs)
     pcap = struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, lt) + body
-    for raw in PcapReader(pcap, batch_size=997):
+    for raw in open_capture(pcap, batch_size=997):
         tb = unpack(raw)
         assert len(tb) == len(raw)
         assert (tb.column("caplen") <= 65535 + 10).all()

@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capture.pcap import PcapReader
+from capture.pcap import open_capture
 from capture.unpack import unpack
 from collector.prefilter import AscRuntime, compile_prefilter, run_prefilter
 from collector.residual import Residual
@@ -59,7 +59,7 @@ def corpus():
     tbs, refs = [], []
     for name in FILES:
         path = capture(name)
-        for raw in PcapReader(path, batch_size=100):  # many batches: many ASC periods
+        for raw in open_capture(path, batch_size=100):  # many batches: many ASC periods
             tbs.append(unpack(raw))
         refs.extend(packets(path))
     return tbs, refs

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from capture.pcap import PcapReader
+from capture.pcap import open_capture
 from collector.config import load_settings
 from collector.service import Collector
 from tests.conftest import capture
@@ -20,7 +20,7 @@ def test_measured_selectivity_in_prefilter_api(tmp_path):
     c.start(with_sources=False, with_spark=False)
     c.meter.min_seen = 1
     path = capture("wikipedia.pcap")
-    for raw in PcapReader(path):
+    for raw in open_capture(path):
         c.engines[0].process(raw, "test")
     ref = packets(path)
     want = {

@@ -8,7 +8,7 @@ from itertools import permutations
 import numpy as np
 import pytest
 
-from capture.pcap import PcapReader
+from capture.pcap import open_capture
 from capture.unpack import unpack
 from collector.prefilter import (
     AscRuntime,
@@ -92,7 +92,7 @@ def test_worked_example():
 
 def _sample(plan, name="ok.pcap"):
     cp = compile_prefilter(plan, "packets")
-    tbs = [unpack(raw) for raw in PcapReader(capture(name))]
+    tbs = [unpack(raw) for raw in open_capture(capture(name))]
     return cp, tbs
 
 
