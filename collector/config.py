@@ -11,7 +11,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -93,12 +93,32 @@ class AscConfig(BaseModel):
 
 
 class SourceConfig(BaseModel):
-    type: Literal["pcap"] = "pcap"
+    """A packet source: a capture file (``pcap``, also pcapng) or a Linux interface."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["pcap", "interface"] = "pcap"
+    name: str = "sample"
+    # type pcap
     path: str = Field(default_factory=lambda: data_file("sample.pcap"))
     loop: bool = True
     restamp: bool = Field(True, description="shift times so each loop replays at the current "
                           "time, at the capture's own pace")
-    name: str = "sample"
+    follow: bool = Field(False, description="keep reading the file as it grows (tcpdump -w)")
+    # type interface
+    interface: str | None = Field(None, description="Linux interface (AF_PACKET, TPACKET_V3)")
+    bpf: bool = Field(True, description="attach the plan's kernel filter (needs libpcap)")
+    ring_block_size: int = Field(1 << 22, ge=1 << 16, le=1 << 30)
+    ring_blocks: int = Field(64, ge=2, le=1 << 16)
+    skip_outgoing: bool = Field(False, description="leave out packets this host sends")
+    promisc: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> SourceConfig:
+        if self.type == "interface" and not self.interface:
+            raise ValueError(f"source {self.name!r}: type interface needs `interface`")
+        if self.type == "pcap" and not self.follow and not Path(self.path).is_file():
+            raise ValueError(f"source {self.name!r}: capture {self.path} does not exist")
+        return self
 
 
 class Settings(BaseSettings):
@@ -123,9 +143,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
-        for s in self.sources:
-            if not Path(s.path).is_file():
-                raise ValueError(f"source {s.name!r}: capture {s.path} does not exist")
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"source names must be unique: {names}")
         if self.initial_queries and not Path(self.initial_queries).is_file():
             raise ValueError(f"initial_queries {self.initial_queries} does not exist")
         return self

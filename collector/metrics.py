@@ -40,6 +40,14 @@ class Metrics:
         self.spool_dropped = Counter("flowsieve_spool_rows_dropped",
                                      "Rows dropped because the spool was full", ["stream"],
                                      registry=r)
+        self.kernel_packets = Counter(
+            "flowsieve_capture_kernel_packets",
+            "Packets that passed the kernel filter of a live source (PACKET_STATISTICS)",
+            ["source"], registry=r)
+        self.kernel_drops = Counter(
+            "flowsieve_capture_kernel_drops",
+            "Packets the kernel dropped because the capture ring was full (PACKET_STATISTICS)",
+            ["source"], registry=r)
         self.plan_version = Gauge("flowsieve_plan_version", "Version of the running plan",
                                   registry=r)
         self.queries = Gauge("flowsieve_queries", "Registered queries", registry=r)

@@ -21,7 +21,7 @@ from collector.metrics import Metrics
 from collector.registry import Registry
 from collector.results import clear_results, read_results
 from collector.selectivity import SelectivityMeter
-from collector.sources import PcapFileSource
+from collector.sources import make_source
 from collector.spool import Spool
 from planner.plan import Plan, build_plan
 from planner.query import Query, parse_queries
@@ -47,6 +47,7 @@ class Collector:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.source_errors: list[str] = []
+        self.sources: list = []
         self.started = False
 
     # -- life cycle
@@ -59,7 +60,7 @@ class Collector:
         if not self.registry.entries() and s.initial_queries:
             for q in parse_queries(Path(s.initial_queries).read_text()):
                 self.registry.add(q.name, q.text)
-        self.sources = [PcapFileSource(c.path, c.name, c.loop, c.restamp, s.batch_size)
+        self.sources = [make_source(c, s.batch_size, self._kernel_stats(c.name))
                         for c in s.sources]
         self.engines = [Engine(self.spool, "packets", self.metrics, s.probe,
                                s.spark.watermark_delay_s, self.meter, s.asc)
@@ -92,7 +93,7 @@ class Collector:
             self.registry.close()
         self.started = False
 
-    def _run_source(self, src: PcapFileSource, engine: Engine) -> None:
+    def _run_source(self, src, engine: Engine) -> None:
         last_beat = 0.0
         try:
             for raw in src.batches(self._stop):
@@ -111,6 +112,20 @@ class Collector:
         except Exception as e:  # a source thread must report, not vanish
             self.source_errors.append(f"{src.name}: {e!r}")
             log.exception("source %s failed", src.name)
+
+    def _kernel_stats(self, name: str):
+        """A callback turning a live source's cumulative kernel statistics into counters."""
+        seen = [0, 0]
+        self.metrics.kernel_packets.labels(name)  # exported as 0 from the start
+        self.metrics.kernel_drops.labels(name)
+
+        def update(k) -> None:
+            if k.packets > seen[0]:
+                self.metrics.kernel_packets.labels(name).inc(k.packets - seen[0])
+            if k.drops > seen[1]:
+                self.metrics.kernel_drops.labels(name).inc(k.drops - seen[1])
+            seen[0], seen[1] = max(seen[0], k.packets), max(seen[1], k.drops)
+        return update
 
     # -- queries
     def folders(self) -> list[tuple[str, str]]:
@@ -132,6 +147,9 @@ class Collector:
             self.plan = plan
             for e in self.engines:
                 e.set_plan(plan)
+            for src in getattr(self, "sources", []):
+                if hasattr(src, "set_filter"):
+                    src.set_filter(plan.bpf)
             self.metrics.queries.set(len(entries))
             if self.job is not None:
                 self.job.ensure(self.folders())

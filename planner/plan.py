@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from capture.fields import fields
 from planner.asc import ASC, add_candidate_arrows, asc_attributes, build_asc, single_attribute
+from planner.bpf import bpf_expression
 from planner.cover import Cover, cover_matrix
 from planner.query import Predicate, Query
 from planner.unpacking import Unpacking, choose_unpacking
@@ -174,6 +175,8 @@ class Plan:
                          f"signature {sig}{ascs}  residual {res}")
         for s in self.streams():
             u = self.unpacking(s)
+            if s == "packets":
+                lines.append(f"\nkernel filter (live capture): {self.bpf or 'none'}")
             lines.append(f"\nunpack ({s}): groups {', '.join(u.groups) or '-'}; single fields "
                          f"{', '.join(u.singles) or '-'}; cost {u.cost:g} (each field alone "
                          f"{u.cost_singly:g}, every group {u.cost_all:g})")
@@ -255,5 +258,6 @@ def build_plan(queries: list[Query], slots: dict[str, int] | None = None, versio
         merged = Cover([r for c in covers for r in c.rectangles], bits,
                        sum(c.candidates for c in covers),
                        None if None in exp else sum(exp), all(c.by_selectivity for c in covers))
-    return Plan(version, infos, bits, qplans, cheap_cost, bit_budget, ascs=ascs, cover=merged,
+    return Plan(version, infos, bits, qplans, cheap_cost, bit_budget,
+                bpf=bpf_expression(queries), ascs=ascs, cover=merged,
                 asc_min_constants=asc_min_constants or 0)
