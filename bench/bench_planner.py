@@ -20,6 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import median_time  # noqa: E402
 from bench.workloads import SEED, gigascope_matrix, gigascope_sql, random_matrix, trace  # noqa: E402
 from collector.prefilter import (  # noqa: E402
     AscRuntime,
@@ -46,15 +47,6 @@ from planner.query import parse_queries  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH = 65536
-
-
-def median_time(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 # ------------------------------------------------------------------------- 1. bits vs optimum

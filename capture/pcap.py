@@ -16,7 +16,15 @@ import numba as nb
 import numpy as np
 
 from capture.errors import DecodeError
-from capture.records import ByteSource, RawBatch, ReadStats, batch_arrays, u32
+from capture.records import (
+    PREFETCH,
+    ByteSource,
+    RawBatch,
+    ReadStats,
+    batch_arrays,
+    touch_ahead,
+    u32,
+)
 
 MAGIC_US = 0xA1B2C3D4
 MAGIC_NS = 0xA1B23C4D
@@ -43,24 +51,28 @@ MESSAGES = {
 def index_records(buf, pos, end, big, nano, max_caplen, offset, caplen, wirelen, ts_ns):
     """Walk record headers from ``pos``; fill up to len(offset) records.
 
-    Returns (records, next position, status); status is OK or an ERR_* code for the record
-    header at ``next position`` (a truncation may only mean the window ends there).
+    Returns (records, next position, status, checksum); status is OK or an ERR_* code for the
+    record header at ``next position`` (a truncation may only mean the window ends there).
     """
     n = 0
     cap = offset.shape[0]
+    ahead = pos
+    sink = np.int64(0)
     while n < cap:
         if pos == end:
-            return n, pos, OK
+            return n, pos, OK, sink
         if pos + 16 > end:
-            return n, pos, ERR_TRUNC_HEADER
+            return n, pos, ERR_TRUNC_HEADER, sink
         sec = u32(buf, pos, big)
         frac = u32(buf, pos + 4, big)
         incl = u32(buf, pos + 8, big)
         orig = u32(buf, pos + 12, big)
         if incl > max_caplen:
-            return n, pos, ERR_CAPLEN
+            return n, pos, ERR_CAPLEN, sink
         if pos + 16 + incl > end:
-            return n, pos, ERR_TRUNC_DATA
+            return n, pos, ERR_TRUNC_DATA, sink
+        ahead, acc = touch_ahead(buf, ahead, pos + 16 + incl + PREFETCH, end)
+        sink += acc
         offset[n] = pos + 16
         caplen[n] = incl
         wirelen[n] = min(orig, np.uint32(2**31 - 1))
@@ -70,7 +82,7 @@ def index_records(buf, pos, end, big, nano, max_caplen, offset, caplen, wirelen,
             ts_ns[n] = np.int64(sec) * 1_000_000_000 + np.int64(frac) * 1000
         pos += 16 + incl
         n += 1
-    return n, pos, OK
+    return n, pos, OK, sink
 
 
 class PcapReader:
@@ -113,7 +125,7 @@ class PcapReader:
                 return
             offset, caplen, wirelen, ts, link, iface = batch_arrays(self.batch_size)
             rel = pos - src.base
-            n, rel, status = index_records(src.buf, rel, len(src.buf), self.big, self.nano,
+            n, rel, status, _ = index_records(src.buf, rel, len(src.buf), self.big, self.nano,
                                            max_caplen, offset, caplen, wirelen, ts)
             if n:
                 self.stats.records += n

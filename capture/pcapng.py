@@ -15,7 +15,16 @@ import numba as nb
 import numpy as np
 
 from capture.errors import DecodeError
-from capture.records import ByteSource, RawBatch, ReadStats, batch_arrays, u16, u32
+from capture.records import (
+    PREFETCH,
+    ByteSource,
+    RawBatch,
+    ReadStats,
+    batch_arrays,
+    touch_ahead,
+    u16,
+    u32,
+)
 
 SHB, IDB, PB, SPB, EPB = 0x0A0D0D0A, 0x00000001, 0x00000002, 0x00000003, 0x00000006
 BOM = 0x1A2B3C4D
@@ -57,38 +66,42 @@ def index_blocks(buf, pos, end, big, n_if, if_link, if_snap, if_kind, if_param,
                  if_off, last_ts, offset, caplen, wirelen, ts_ns, link, iface):
     """Walk blocks from ``pos``; fill up to len(offset) packet records.
 
-    Returns (records, next position, status, last timestamp); status NEED_PYTHON stops at a
-    Section Header or Interface Description Block for the caller to read.
+    Returns (records, next position, status, last timestamp, checksum); status NEED_PYTHON stops
+    at a Section Header or Interface Description Block for the caller to read.
     """
     n = 0
     cap = offset.shape[0]
+    ahead = pos
+    sink = np.int64(0)
     while n < cap:
         if pos == end:
-            return n, pos, OK, last_ts
+            return n, pos, OK, last_ts, sink
         if pos + 12 > end:
-            return n, pos, ERR_TRUNC, last_ts
+            return n, pos, ERR_TRUNC, last_ts, sink
         btype = u32(buf, pos, big)
         blen = np.int64(u32(buf, pos + 4, big))
         if btype == SHB or btype == IDB:
-            return n, pos, NEED_PYTHON, last_ts
+            return n, pos, NEED_PYTHON, last_ts, sink
         if blen < 12 or blen % 4 != 0 or blen > MAX_BLOCK:
-            return n, pos, ERR_LENGTH, last_ts
+            return n, pos, ERR_LENGTH, last_ts, sink
         if pos + blen > end:
-            return n, pos, ERR_TRUNC, last_ts
+            return n, pos, ERR_TRUNC, last_ts, sink
+        ahead, acc = touch_ahead(buf, ahead, pos + blen + PREFETCH, end)
+        sink += acc
         if np.int64(u32(buf, pos + blen - 4, big)) != blen:
-            return n, pos, ERR_TRAILER, last_ts
+            return n, pos, ERR_TRAILER, last_ts, sink
         if btype == EPB or btype == PB:
             if blen < 32:
-                return n, pos, ERR_LENGTH, last_ts
+                return n, pos, ERR_LENGTH, last_ts, sink
             if btype == EPB:
                 ifc = np.int64(u32(buf, pos + 8, big))
             else:
                 ifc = np.int64(u16(buf, pos + 8, big))
             if ifc >= n_if:
-                return n, pos, ERR_IFACE, last_ts
+                return n, pos, ERR_IFACE, last_ts, sink
             incl = np.int64(u32(buf, pos + 20, big))
             if incl > blen - 32:
-                return n, pos, ERR_CAPLEN, last_ts
+                return n, pos, ERR_CAPLEN, last_ts, sink
             ticks = (np.uint64(u32(buf, pos + 12, big)) << np.uint64(32)) | \
                 np.uint64(u32(buf, pos + 16, big))
             last_ts = _ts_ns(ticks, if_kind[ifc], if_param[ifc], if_off[ifc])
@@ -101,7 +114,7 @@ def index_blocks(buf, pos, end, big, n_if, if_link, if_snap, if_kind, if_param,
             n += 1
         elif btype == SPB:
             if blen < 16 or n_if == 0:
-                return n, pos, ERR_IFACE if n_if == 0 else ERR_LENGTH, last_ts
+                return n, pos, ERR_IFACE if n_if == 0 else ERR_LENGTH, last_ts, sink
             orig = np.int64(u32(buf, pos + 8, big))
             incl = min(orig, blen - 16)
             if if_snap[0] > 0:
@@ -114,7 +127,7 @@ def index_blocks(buf, pos, end, big, n_if, if_link, if_snap, if_kind, if_param,
             iface[n] = 0
             n += 1
         pos += blen
-    return n, pos, OK, last_ts
+    return n, pos, OK, last_ts, sink
 
 
 class _Interfaces:
@@ -226,7 +239,7 @@ class PcapngReader:
                 return
             offset, caplen, wirelen, ts, link, iface = batch_arrays(self.batch_size)
             rel = pos - src.base
-            n, rel, status, self._last_ts = index_blocks(
+            n, rel, status, self._last_ts, _ = index_blocks(
                 src.buf, rel, len(src.buf), self.big, len(arrays[0]), *arrays,
                 self._last_ts, offset, caplen, wirelen, ts, link, iface)
             if n:

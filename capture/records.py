@@ -91,6 +91,25 @@ def u32(buf, pos, big):
         (np.uint32(buf[pos + 1]) << 8) | np.uint32(buf[pos])
 
 
+# Readers walk records that are contiguous in memory but far apart (a few hundred bytes), each
+# address depending on the previous record's length: the hardware prefetcher does not see a
+# stream and every record costs a DRAM miss (~8 Mpps). Touching every cache line a little ahead
+# makes the access dense and sequential: the index kernel then runs at ~55 Mpps (bench_capture).
+PREFETCH = 4096
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def touch_ahead(buf, ahead, upto, end):
+    """Read one byte of each cache line from ``ahead`` to ``upto`` (capped at ``end``); return
+    the new ``ahead`` and a checksum the caller must use (so the loads are not removed)."""
+    acc = np.int64(0)
+    lim = min(upto, end)
+    while ahead < lim:
+        acc += buf[ahead]
+        ahead += 64
+    return max(ahead, lim), acc
+
+
 class ByteSource:
     """A capture's bytes in windows: ``buf`` holds file bytes ``[base, base + len(buf))``.
 

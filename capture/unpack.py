@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from capture.fields import IP, NULL_INT, PACKET_INT_FIELDS, PACKET_INT_INDEX, STRING, TS, fields
+from capture.records import PREFETCH, touch_ahead
 
 _I = PACKET_INT_INDEX
 C_IFACE, C_CAPLEN, C_WIRELEN = _I["iface"], _I["caplen"], _I["wirelen"]
@@ -100,7 +101,7 @@ def _qname(buf, dns, end, out, row):
         q += 1 + ln
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _dns(buf, d, end, ints, want, i, want_qname, qn_len, qn_buf):
     if d + 12 > end:
         return
@@ -116,7 +117,7 @@ def _dns(buf, d, end, ints, want, i, want_qname, qn_len, qn_buf):
         qn_len[i] = _qname(buf, d, end, qn_buf, i)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _l4(buf, p, end, proto, ints, want, i, want_dns, want_qname, qn_len, qn_buf):
     if proto == 6 or proto == 17 or proto == 132:
         if p + 4 > end:
@@ -149,10 +150,15 @@ def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_s
     """Decode every record of a batch into the caller-allocated columns (NULL = -1).
 
     ``want`` says which integer columns to write; the walk flags say how deep to decode (the
-    plan's unpack groups, chosen by weighted set cover in planner/unpacking.py)."""
+    plan's unpack groups, chosen by weighted set cover in planner/unpacking.py). Returns a
+    checksum of the prefetch loads (see capture/records.py)."""
+    sink = np.int64(0)
+    ahead = offset[0] if offset.shape[0] else 0
     for i in range(offset.shape[0]):
         p = offset[i]
         end = p + caplen[i]
+        ahead, acc = touch_ahead(buf, max(ahead, p), end + PREFETCH, buf.shape[0])
+        sink += acc
         linktype = linktypes[i]
         _put(ints, want, C_IFACE, i, ifaces[i])
         _put(ints, want, C_CAPLEN, i, caplen[i])
@@ -320,6 +326,7 @@ def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_s
                 _put(ints, want, C_IPID, i, fid)
             if walk_l4 and ok and first and q <= l4end:
                 _l4(buf, q, l4end, nh, ints, want, i, want_dns, want_qname, qn_len, qn_buf)
+    return sink
 
 
 @dataclass
@@ -416,7 +423,8 @@ def unpack(raw, want: Iterable[str] | None = None) -> TupleBatch:
     src = np.zeros((n if want_src else 0, 16), dtype=np.uint8)
     dst = np.zeros((n if want_dst else 0, 16), dtype=np.uint8)
     qn_len = np.full(n if want_qname else 0, -1, dtype=np.int32)
-    qn_buf = np.zeros((n if want_qname else 0, QNAME_STRIDE), dtype=np.uint8)
+    # rows are written only for DNS packets and read only up to their length: no zeroing
+    qn_buf = np.empty((n if want_qname else 0, QNAME_STRIDE), dtype=np.uint8)
     unpack_packets(raw.buf, raw.offset, raw.caplen, raw.wirelen, raw.linktype, raw.iface,
                    want_int, want_src, want_dst, bool(groups & _IP_DEEP),
                    bool(groups & _L4_DEEP), want_dns, want_qname, ints, src, dst, qn_len, qn_buf)
@@ -429,19 +437,25 @@ def unpack(raw, want: Iterable[str] | None = None) -> TupleBatch:
     return TupleBatch("packets", raw.ts_ns.copy(), ints, ips, strings)
 
 
+@nb.njit(cache=True, nogil=True)
+def _pack_rows(buf, lengths, offsets, data):
+    """Rows of a fixed-stride byte matrix, back to back (the Arrow string layout)."""
+    pos = 0
+    for i in range(lengths.shape[0]):
+        offsets[i] = pos
+        for k in range(max(lengths[i], 0)):
+            data[pos + k] = buf[i, k]
+        pos += max(lengths[i], 0)
+    offsets[lengths.shape[0]] = pos
+
+
 def _strings(buf: np.ndarray, lengths: np.ndarray) -> pa.Array:
     """Rows of a fixed-stride byte matrix as an Arrow string array (length -1 = NULL)."""
     n = len(lengths)
-    ln = np.maximum(lengths, 0)
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(ln, out=offsets[1:])
-    if n:
-        width = max(int(ln.max()), 1)
-        mask = np.arange(width)[None, :] < ln[:, None]
-        data = buf[:, :width][mask]
-    else:
-        data = np.zeros(0, dtype=np.uint8)
+    offsets = np.empty(n + 1, dtype=np.int32)
+    data = np.empty(int(np.maximum(lengths, 0).sum()), dtype=np.uint8)
+    _pack_rows(buf, lengths, offsets, data)
     valid = lengths >= 0
-    return pa.Array.from_buffers(pa.string(), n, [_validity(valid), pa.py_buffer(offsets.tobytes()),
-                                                  pa.py_buffer(data.tobytes())],
+    return pa.Array.from_buffers(pa.string(), n, [_validity(valid), pa.py_buffer(offsets),
+                                                  pa.py_buffer(data)],
                                  null_count=int((~valid).sum()))
