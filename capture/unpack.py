@@ -318,10 +318,12 @@ def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_s
                     q += 8
                 else:
                     break
-            _put(ints, want, C_PROTO, i, nh)
-            _put(ints, want, C_FOFF, i, foff)
-            _put(ints, want, C_MF, i, mf)
-            _put(ints, want, C_DF, i, 0)
+            if ok and not (nh == 0 or nh == 43 or nh == 60 or nh == 51 or nh == 44):
+                _put(ints, want, C_PROTO, i, nh)  # a cut or endless chain: unknown (NULL)
+            if ok or fid >= 0:  # no fragment header, or one seen before a cut
+                _put(ints, want, C_FOFF, i, foff)
+                _put(ints, want, C_MF, i, mf)
+                _put(ints, want, C_DF, i, 0)
             if fid >= 0:
                 _put(ints, want, C_IPID, i, fid)
             if walk_l4 and ok and first and q <= l4end:

@@ -56,6 +56,14 @@ def link(buf: bytes, linktype: int):
             net = None
     else:
         raise ValueError(f"linktype {linktype}")
+    if et in (0x8847, 0x8848) and not isinstance(net, dpkt.ip.IP | dpkt.ip6.IP6):
+        # dpkt recognises IPv4 behind MPLS only as 0x45 (no options) and guesses Ethernet
+        # otherwise; DESIGN takes the first nibble, so the reference hands the payload after
+        # the label stack to dpkt's IPv4 decoder itself
+        payload = buf[14 + 4 * len(eth.vlan_tags if hasattr(eth, "vlan_tags") else [])
+                      + 4 * len(labels):]
+        if payload and payload[0] >> 4 == 4:
+            net = dpkt.ip.IP(payload)
     if et in (0x8847, 0x8848):
         et = 0x0800 if isinstance(net, dpkt.ip.IP) else 0x86DD if isinstance(
             net, dpkt.ip6.IP6) else et
