@@ -187,6 +187,25 @@ def _atom(i, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip, set_va
     return in_sorted(set_vals, a_v[a, 0], a_v[a, 1], x) != a_neg[a]
 
 
+@nb.njit(cache=True, inline="always")
+def _pred(i, p, p_start, p_len, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip,
+          set_vals):
+    """Base predicate ``p`` (an OR of atoms) on tuple ``i``."""
+    for a in range(p_start[p], p_start[p] + p_len[p]):
+        if _atom(i, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip, set_vals):
+            return True
+    return False
+
+
+@nb.njit(cache=True, inline="always")
+def _pred_column(out, p, p_start, p_len, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v,
+                 a_ip, set_vals):
+    """Base predicate ``p`` over the whole batch, into ``out`` (OR of its atom columns)."""
+    for a in range(p_start[p], p_start[p] + p_len[p]):
+        _eval_atom_column(out, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip,
+                          set_vals)
+
+
 @nb.njit(cache=True, nogil=True)
 def naive_columnar_kernel(ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip, set_vals,
                           p_start, p_len, q_slot, q_start, q_len, q_preds, Q):
@@ -200,9 +219,8 @@ def naive_columnar_kernel(ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_
         for k in range(q_start[q], q_start[q] + q_len[q]):
             p = q_preds[k]
             col[:] = False
-            for a in range(p_start[p], p_start[p] + p_len[p]):
-                _eval_atom_column(col, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v,
-                                  a_ip, set_vals)
+            _pred_column(col, p, p_start, p_len, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg,
+                         a_v, a_ip, set_vals)
             for i in range(n):
                 acc[i] &= col[i]
         s = q_slot[q]
@@ -223,9 +241,8 @@ def shared_only_columnar_kernel(ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a
     P = np.zeros((n_pred, n), dtype=np.bool_)
     for k in range(shared.shape[0]):
         p = shared[k]
-        for a in range(p_start[p], p_start[p] + p_len[p]):
-            _eval_atom_column(P[p], a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v,
-                              a_ip, set_vals)
+        _pred_column(P[p], p, p_start, p_len, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg,
+                     a_v, a_ip, set_vals)
     col = np.empty(n, dtype=np.bool_)
     acc = np.empty(n, dtype=np.bool_)
     for q in range(q_slot.shape[0]):
@@ -236,9 +253,8 @@ def shared_only_columnar_kernel(ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a
                 row = P[p]
             else:
                 col[:] = False
-                for a in range(p_start[p], p_start[p] + p_len[p]):
-                    _eval_atom_column(col, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg,
-                                      a_v, a_ip, set_vals)
+                _pred_column(col, p, p_start, p_len, ints, ip_hi, ip_lo, ip_ok, a_col, a_op,
+                             a_neg, a_v, a_ip, set_vals)
                 row = col
             for i in range(n):
                 acc[i] &= row[i]
@@ -259,14 +275,9 @@ def naive_kernel(ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip, set_v
             ok = True
             for k in range(q_start[q], q_start[q] + q_len[q]):
                 p = q_preds[k]
-                v = False
                 evals += 1
-                for a in range(p_start[p], p_start[p] + p_len[p]):
-                    if _atom(i, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip,
-                             set_vals):
-                        v = True
-                        break
-                if not v:
+                if not _pred(i, p, p_start, p_len, ints, ip_hi, ip_lo, ip_ok, a_col, a_op,
+                             a_neg, a_v, a_ip, set_vals):
                     ok = False
                     break
             if ok:
@@ -286,13 +297,8 @@ def shared_only_kernel(ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip,
     for i in range(Q.shape[0]):
         for k in range(shared.shape[0]):
             p = shared[k]
-            v = False
-            for a in range(p_start[p], p_start[p] + p_len[p]):
-                if _atom(i, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip,
-                         set_vals):
-                    v = True
-                    break
-            val[p] = 1 if v else 2
+            val[p] = 1 if _pred(i, p, p_start, p_len, ints, ip_hi, ip_lo, ip_ok, a_col, a_op,
+                                a_neg, a_v, a_ip, set_vals) else 2
         for q in range(q_slot.shape[0]):
             ok = True
             for k in range(q_start[q], q_start[q] + q_len[q]):
@@ -305,14 +311,8 @@ def shared_only_kernel(ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip,
             for k in range(q_start[q], q_start[q] + q_len[q]):
                 if q_is_shared[k]:
                     continue
-                p = q_preds[k]
-                v = False
-                for a in range(p_start[p], p_start[p] + p_len[p]):
-                    if _atom(i, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip,
-                             set_vals):
-                        v = True
-                        break
-                if not v:
+                if not _pred(i, q_preds[k], p_start, p_len, ints, ip_hi, ip_lo, ip_ok, a_col,
+                             a_op, a_neg, a_v, a_ip, set_vals):
                     ok = False
                     break
             if ok:

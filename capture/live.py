@@ -237,7 +237,7 @@ class LiveCapture:
             out = np.empty(out_cap, np.uint8)
             offset, caplen, wirelen, ts, link, iface = batch_arrays(self.batch_size)
             n = fill = 0
-            while n < self.batch_size - 1 and fill + r.block_size + 4096 <= out_cap:
+            while n < self.batch_size:
                 blk = self._next_block * r.block_size
                 status = int.from_bytes(self._ring[blk + 8:blk + 12], "little")
                 if not status & TP_STATUS_USER:
@@ -245,7 +245,7 @@ class LiveCapture:
                 num = int.from_bytes(self._ring[blk + 12:blk + 16], "little")
                 if n + num > self.batch_size:
                     break
-                # packets of a block + a VLAN tag each fit: a block holds at most block_size
+                # a block's packets take at most block_size, plus a put-back VLAN tag each
                 if fill + r.block_size + 4 * num > out_cap:
                     break
                 n, fill, skipped = copy_block(ring, blk, out, fill, self.skip_outgoing,

@@ -402,6 +402,7 @@ def _ip_binary(col: np.ndarray, valid: np.ndarray) -> pa.Array:
 
 
 _GROUP_OF = {f.name: f.group for f in fields("packets").values()}
+_ALL_FIELDS = frozenset(_GROUP_OF)
 _IP_DEEP = {"ip", "l4", "dns", "dns_name"}
 _L4_DEEP = {"l4", "dns", "dns_name"}
 
@@ -410,8 +411,8 @@ def unpack(raw, want: Iterable[str] | None = None) -> TupleBatch:
     """Unpack a RawBatch; ``want`` (catalogue field names, default all) is what the plan's unpack
     groups extract: other columns stay NULL and layers below them are not decoded."""
     n = len(raw)
-    names = set(_GROUP_OF) if want is None else set(want)
-    unknown = names - set(_GROUP_OF)
+    names = set(_ALL_FIELDS if want is None else want)
+    unknown = names - _ALL_FIELDS
     if unknown:
         raise KeyError(f"unknown packets field(s): {', '.join(sorted(unknown))}")
     if names & {"src_ip", "dst_ip"}:

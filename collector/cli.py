@@ -44,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--config", help="YAML config (default: the embedded defaults)")
 
     rp = sub.add_parser("replay", help="run queries over a capture through the whole pipeline")
-    rp.add_argument("capture", help="pcap file")
+    rp.add_argument("capture", help="pcap or pcapng file")
     rp.add_argument("--queries", required=True, help="file of SQL statements")
     rp.add_argument("--flow-ports", type=_ports, default=_ports(DEFAULT_FLOW_PORTS),
                     help=f"UDP ports of flow exports (default {DEFAULT_FLOW_PORTS})")
@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--bits", type=int, default=None, help="prefilter bit budget")
 
     d = sub.add_parser("decode", help="print unpacked tuples")
-    d.add_argument("capture", help="pcap file, or - for a pcap stream on stdin")
+    d.add_argument("capture", help="pcap or pcapng file, or - for a pcap or pcapng stream on stdin")
     d.add_argument("--stream", choices=("packets", "flows"), default="packets")
     d.add_argument("--flow-ports", type=_ports, default=_ports(DEFAULT_FLOW_PORTS))
     d.add_argument("--fields", help="comma-separated catalogue fields (default: all)")

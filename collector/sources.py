@@ -1,4 +1,5 @@
-"""Capture sources of the daemon, registered by name (as goflow2 registers its drivers)."""
+"""Capture sources of the daemon; ``make_source`` builds the one a source config's ``type``
+names."""
 
 from __future__ import annotations
 
@@ -112,5 +113,3 @@ def make_source(cfg, batch_size: int, on_stats=None):
     return PcapFileSource(cfg.path, cfg.name, cfg.loop, cfg.restamp, batch_size,
                           follow=cfg.follow)
 
-
-SOURCES = {"pcap": PcapFileSource, "interface": InterfaceSource}
