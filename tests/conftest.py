@@ -40,6 +40,17 @@ def capture(name: str) -> Path:
     return shared
 
 
+def flow_data(rel: str) -> Path:
+    """A NetFlow/IPFIX sample from tests/data/netflow or ../shared/data/netflow (AGPL/GPL)."""
+    local = DATA / "netflow" / rel
+    if local.exists():
+        return local
+    shared = SHARED / "netflow" / rel
+    need(shared.exists(), f"{shared} is absent (AGPL/GPL sample, not copied into the "
+         "repository)")
+    return shared
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     """The one in-process Spark session of the test run."""
