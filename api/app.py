@@ -8,7 +8,7 @@ from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.deps import CollectorDep
-from api.routes import prefilter, queries
+from api.routes import exporters, prefilter, queries
 from collector.service import Collector
 
 
@@ -29,6 +29,7 @@ def create_app(collector: Collector, manage: bool = False) -> FastAPI:
     app.state.collector = collector
     app.include_router(queries.router)
     app.include_router(prefilter.router)
+    app.include_router(exporters.router)
 
     @app.get("/metrics", tags=["metrics"], response_class=Response)
     def metrics() -> Response:

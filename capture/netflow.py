@@ -27,7 +27,7 @@ import json
 import os
 import socket
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +37,7 @@ import pyarrow as pa
 from numba import types
 from numba.typed import Dict
 
-from capture.fields import INT32, INT64, IP, NULL_INT, TS, fields
+from capture.fields import IP, NULL_INT, TS, fields
 from capture.unpack import _ip_binary
 
 F = fields("flows")
@@ -1003,6 +1003,8 @@ class Decoder:
             interval = vals.get(34) or vals.get(50) or vals.get(305)
             if interval and 306 in vals and 305 in vals:
                 interval = (vals[305] + vals[306]) // vals[305]
+            if vals.get(309) and vals.get(310):  # random n-out-of-N
+                interval = max(1, vals[310] // vals[309])
             if interval:
                 sampler = vals.get(48, vals.get(302, 0))
                 self.store.set_sampling(exporter, ver, domain, 0, interval)

@@ -93,10 +93,11 @@ class AscConfig(BaseModel):
 
 
 class SourceConfig(BaseModel):
-    """A packet source: a capture file (``pcap``, also pcapng) or a Linux interface."""
+    """A source: a capture file (``pcap``, also pcapng), a Linux interface, or a UDP listener
+    of NetFlow v5/v9/IPFIX exports (``netflow``: the flows stream)."""
 
     model_config = ConfigDict(extra="forbid")
-    type: Literal["pcap", "interface"] = "pcap"
+    type: Literal["pcap", "interface", "netflow"] = "pcap"
     name: str = "sample"
     # type pcap
     path: str = Field(default_factory=lambda: data_file("sample.pcap"))
@@ -111,9 +112,48 @@ class SourceConfig(BaseModel):
     ring_blocks: int = Field(64, ge=2, le=1 << 16)
     skip_outgoing: bool = Field(False, description="leave out packets this host sends")
     promisc: bool = True
+    # type netflow
+    listen: list[str] = Field(default_factory=lambda: ["0.0.0.0:2055", "0.0.0.0:4739"],
+                              description="HOST:PORT to receive exports on; [::]:PORT for IPv6")
+    rcvbuf: int = Field(32 << 20, ge=1 << 16, description="socket receive buffer (bytes)")
+    sampling: dict[str, int] = Field(default_factory=dict, description="exporter address -> "
+                                     "sampling interval, overriding what the exporter says")
+    default_sampling_interval: int = Field(1, ge=1, description="interval of records whose "
+                                           "sampling is unknown (counted)")
+    enterprise_fields: dict[str, str] = Field(
+        default_factory=dict, description="'PEN/ELEMENT' -> flows field, e.g. "
+        "'2636/137': input_if; other enterprise-specific fields are skipped")
+    pending_max_bytes: int = Field(4 << 20, ge=0, description="data held until its template "
+                                   "arrives (oldest evicted first, counted)")
+    pending_ttl_s: float = Field(300.0, gt=0, description="held data older than this is "
+                                 "counted as template_missing")
+
+    @field_validator("rcvbuf", "pending_max_bytes", mode="before")
+    @classmethod
+    def _bytes(cls, v):
+        return parse_size(v)
+
+    @property
+    def stream(self) -> str:
+        return "flows" if self.type == "netflow" else "packets"
+
+    def enterprise_map(self) -> dict[tuple[int, int], str]:
+        return {(int(k.split("/")[0]), int(k.split("/")[1])): v
+                for k, v in self.enterprise_fields.items()}
 
     @model_validator(mode="after")
     def _check(self) -> SourceConfig:
+        if self.type == "netflow":
+            from capture.fields import fields
+            from capture.listen import parse_address
+            for a in self.listen:
+                parse_address(a)
+            for k, v in self.enterprise_fields.items():
+                if not re.fullmatch(r"\d+/\d+", k):
+                    raise ValueError(f"enterprise_fields key {k!r} is not PEN/ELEMENT")
+                if v not in fields("flows"):
+                    raise ValueError(f"enterprise_fields {k}: {v!r} is not a flows field")
+            return self
         if self.type == "interface" and not self.interface:
             raise ValueError(f"source {self.name!r}: type interface needs `interface`")
         if self.type == "pcap" and not self.follow and not Path(self.path).is_file():

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from capture.fields import fields, measures
+from capture.netflow import FlowBatch
 from capture.pcap import RawBatch
 from capture.unpack import TupleBatch, unpack
 from collector.config import AscConfig
@@ -125,8 +126,11 @@ class Engine:
         return self._pending or (c.plan if c else None)
 
     # -- data
-    def process(self, raw: RawBatch, source: str = "") -> int:
-        """Unpack, prefilter and spool one batch; return the tuples kept."""
+    def process(self, raw: RawBatch | FlowBatch, source: str = "") -> int:
+        """Unpack, prefilter and spool one batch; return the tuples kept. Flow records arrive
+        decoded (a FlowBatch from the NetFlow/IPFIX decoder)."""
+        if isinstance(raw, FlowBatch):
+            return self.process_flows(raw, source)
         c = self._current()
         self.metrics.packets_in.labels(source).inc(len(raw))
         self.metrics.bytes_in.labels(source).inc(int(raw.caplen.sum()))
@@ -140,7 +144,20 @@ class Engine:
         tb = unpack(raw, c.fields)
         return self.process_tuples(c, tb)
 
-    def process_tuples(self, c: _Compiled, tb: TupleBatch) -> int:
+    def process_flows(self, fb: FlowBatch, source: str = "") -> int:
+        """Prefilter and spool one batch of flow records; return the records kept."""
+        c = self._current()
+        self.metrics.flows_in.labels(source).inc(len(fb))
+        self.tuples_in += len(fb)
+        if len(fb):
+            t = int(fb.time.max())
+            self.max_time = t if self.max_time is None else max(self.max_time, t)
+        if c is None or not c.folders:
+            self.metrics.prefilter_dropped.labels(self.stream).inc(len(fb))
+            return 0
+        return self.process_tuples(c, fb)
+
+    def process_tuples(self, c: _Compiled, tb: TupleBatch | FlowBatch) -> int:
         if self.meter is not None:
             self.meter.observe(c.plan, tb)
         evals, moves = c.asc.evaluations, c.asc.rearrangements

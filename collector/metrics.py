@@ -46,8 +46,21 @@ class Metrics:
             ["source"], registry=r)
         self.kernel_drops = Counter(
             "flowsieve_capture_kernel_drops",
-            "Packets the kernel dropped because the capture ring was full (PACKET_STATISTICS)",
+            "Packets or datagrams the kernel dropped: capture ring full (PACKET_STATISTICS) or "
+            "socket receive buffer full (SO_RXQ_OVFL)",
             ["source"], registry=r)
+        self.flows_in = Counter("flowsieve_flows_in", "Flow records decoded from exports",
+                                ["source"], registry=r)
+        self.flow_datagrams = Counter("flowsieve_flow_datagrams",
+                                      "Export datagrams received by a flow listener",
+                                      ["source"], registry=r)
+        self.flow_sequence_lost = Counter(
+            "flowsieve_flow_sequence_lost",
+            "Exported units missing by sequence number (records for v5 and IPFIX, datagrams "
+            "for v9)", ["source", "exporter"], registry=r)
+        self.flow_pending = Gauge("flowsieve_flow_pending_sets",
+                                  "Data sets held until their template arrives", ["source"],
+                                  registry=r)
         self.plan_version = Gauge("flowsieve_plan_version", "Version of the running plan",
                                   registry=r)
         self.queries = Gauge("flowsieve_queries", "Registered queries", registry=r)

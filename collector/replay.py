@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
 
 from capture.errors import DecodeError
+from capture.netflow import Decoder, capture_flows
 from capture.pcap import open_capture
 from collector.config import AscConfig
 from collector.engine import Engine
@@ -16,6 +18,8 @@ from collector.results import read_results
 from collector.spool import Spool
 from planner.plan import Plan, build_plan
 from planner.query import Query
+
+DEFAULT_FLOW_PORTS = (2055, 4739, 9995, 9996)
 
 
 class ReplayResult:
@@ -27,33 +31,42 @@ class ReplayResult:
 def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.PathLike,
            spark, *, batch_size: int = 65536, cheap_cost: float = 10.0,
            bit_budget: int | None = None, watermark_delay_s: int = 1,
-           metrics: Metrics | None = None, asc: AscConfig | None = None) -> ReplayResult:
+           metrics: Metrics | None = None, asc: AscConfig | None = None,
+           flow_ports: Iterable[int] = DEFAULT_FLOW_PORTS,
+           decoder: Decoder | None = None) -> ReplayResult:
     """Run ``queries`` over a capture file; the answers of every window (end of input closes
-    them all). A decode error stops the input: what came before it is answered, and the error
-    is returned."""
+    them all). Queries FROM packets read its packets, queries FROM flows the NetFlow/IPFIX
+    datagrams sent to ``flow_ports``. A decode error stops the input: what came before it is
+    answered, and the error is returned."""
     from collector.spark.job import SparkJob
 
-    flows = [q.name for q in queries if q.stream != "packets"]
-    if flows:
-        raise NotImplementedError(f"queries FROM flows ({', '.join(flows)}) are not supported "
-                                  "yet: the NetFlow/IPFIX collector is not built")
     work = Path(workdir)
     asc = asc or AscConfig()
     plan = build_plan(queries, cheap_cost=cheap_cost, bit_budget=bit_budget,
                       asc_min_constants=asc.min_constants)
     metrics = metrics or Metrics()
-    engine = Engine(Spool(work / "spool"), "packets", metrics, "replay", watermark_delay_s,
-                    asc=asc)
-    engine.set_plan(plan)
+    spool = Spool(work / "spool")
     error = None
-    reader = open_capture(capture, batch_size)
-    try:
-        for raw in reader:
-            engine.process(raw, "replay")
-    except DecodeError as e:
-        error = e
-        metrics.decode_errors.labels("replay", e.kind or "input").inc()
-    engine.finish()
+    engine = None
+    for stream in ("packets", "flows"):
+        if not any(q.stream == stream for q in queries):
+            continue
+        engine = Engine(spool, stream, metrics, "replay", watermark_delay_s, asc=asc)
+        engine.set_plan(plan)
+        try:
+            if stream == "packets":
+                for raw in open_capture(capture, batch_size):
+                    engine.process(raw, "replay")
+            else:
+                decoder = decoder or Decoder()
+                for fb in capture_flows(capture, flow_ports, decoder):
+                    engine.process(fb, "replay")
+                for reason, n in decoder.errors.items():
+                    metrics.decode_errors.labels("replay", reason).inc(n)
+        except DecodeError as e:
+            error = e
+            metrics.decode_errors.labels("replay", e.kind or "input").inc()
+        engine.finish()
     slots = {qp.slot: qp.query for qp in plan.queries}
     job = SparkJob(spark, work / "spool", work / "results", work / "checkpoints", slots.get,
                    watermark_delay_s, metrics)

@@ -48,6 +48,7 @@ class Collector:
         self._threads: list[threading.Thread] = []
         self.source_errors: list[str] = []
         self.sources: list = []
+        self._flow_seen: dict[str, dict] = {}
         self.started = False
 
     # -- life cycle
@@ -60,11 +61,11 @@ class Collector:
         if not self.registry.entries() and s.initial_queries:
             for q in parse_queries(Path(s.initial_queries).read_text()):
                 self.registry.add(q.name, q.text)
-        self.sources = [make_source(c, s.batch_size, self._kernel_stats(c.name))
+        self.sources = [make_source(c, s.batch_size, self._stats_callback(c), s.var_dir)
                         for c in s.sources]
-        self.engines = [Engine(self.spool, "packets", self.metrics, s.probe,
+        self.engines = [Engine(self.spool, c.stream, self.metrics, s.probe,
                                s.spark.watermark_delay_s, self.meter, s.asc)
-                        for _ in self.sources]
+                        for c in s.sources]
         self.rebuild()
         if with_spark:
             from collector.spark.job import SparkJob, build_session
@@ -99,6 +100,8 @@ class Collector:
             for raw in src.batches(self._stop):
                 if raw is not None and len(raw):
                     engine.process(raw, src.name)
+                if hasattr(src, "decoder"):
+                    self._flow_counters(src)
                 now = time.time()
                 if src.restamp and now - last_beat >= self.settings.spark.trigger_s:
                     engine.heartbeat(int(now))
@@ -112,6 +115,56 @@ class Collector:
         except Exception as e:  # a source thread must report, not vanish
             self.source_errors.append(f"{src.name}: {e!r}")
             log.exception("source %s failed", src.name)
+
+    def _stats_callback(self, cfg):
+        return self._listener_stats(cfg.name) if cfg.type == "netflow" else \
+            self._kernel_stats(cfg.name)
+
+    def _listener_stats(self, name: str):
+        """A callback turning a flow listener's cumulative statistics into counters."""
+        seen = [0, 0]
+        self.metrics.kernel_drops.labels(name)
+        self.metrics.flow_datagrams.labels(name)
+
+        def update(st) -> None:
+            if st.datagrams > seen[0]:
+                self.metrics.flow_datagrams.labels(name).inc(st.datagrams - seen[0])
+            if st.kernel_drops > seen[1]:
+                self.metrics.kernel_drops.labels(name).inc(st.kernel_drops - seen[1])
+            seen[0], seen[1] = max(seen[0], st.datagrams), max(seen[1], st.kernel_drops)
+        return update
+
+    def _flow_counters(self, src) -> None:
+        """Decoder counters (errors by reason, sequence loss) as metric increments."""
+        seen = self._flow_seen.setdefault(src.name, {})
+        dec = src.decoder
+        for reason, n in list(dec.errors.items()):
+            if n > seen.get(reason, 0):
+                self.metrics.decode_errors.labels(src.name, reason).inc(n - seen.get(reason, 0))
+                seen[reason] = n
+        for st in dec.streams():
+            k = ("lost", st["exporter"])
+            lost = seen.get(k, 0)
+            if st["sequence"]["lost"] > lost:
+                self.metrics.flow_sequence_lost.labels(src.name, st["exporter"]).inc(
+                    st["sequence"]["lost"] - lost)
+                seen[k] = st["sequence"]["lost"]
+        self.metrics.flow_pending.labels(src.name).set(len(dec.pending))
+
+    def exporters(self) -> list[dict]:
+        """Per exporter: its export streams (templates, sampling, sequence loss, last seen)."""
+        by: dict[str, dict] = {}
+        for src in self.sources:
+            if not hasattr(src, "exporters"):
+                continue
+            for st in src.exporters():
+                e = by.setdefault(st["exporter"], {"exporter": st["exporter"], "source": src.name,
+                                                   "last_seen": None, "streams": []})
+                if st["last_seen_ns"]:
+                    t = st["last_seen_ns"] / 1e9
+                    e["last_seen"] = max(e["last_seen"] or 0, t)
+                e["streams"].append(st)
+        return sorted(by.values(), key=lambda e: e["exporter"])
 
     def _kernel_stats(self, name: str):
         """A callback turning a live source's cumulative kernel statistics into counters."""
