@@ -2,12 +2,14 @@
 
 Each datagram is received straight into the batch buffer (``recvmsg_into``), with its exporter
 address and arrival time. ``SO_RXQ_OVFL`` makes the kernel attach its per-socket drop counter to
-every datagram, so receive-buffer overflows are counted (``stats``). The receive buffer is made
+every datagram, and ``/proc/net/udp`` holds the same counter per socket (read whenever the
+sockets are idle), so receive-buffer overflows are counted (``stats``). The receive buffer is made
 large (``SO_RCVBUFFORCE`` when permitted, else ``SO_RCVBUF`` up to ``net.core.rmem_max``).
 """
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import struct
@@ -93,6 +95,29 @@ class FlowListener:
             s.close()
         self.socks = []
 
+    def proc_drops(self) -> dict[int, int]:
+        """Per socket fd, the kernel's drop counter from /proc/net/udp{,6} (it also counts
+        drops that no later datagram reported through SO_RXQ_OVFL)."""
+        inodes = {os.fstat(s.fileno()).st_ino: s.fileno() for s in self.socks}
+        out: dict[int, int] = {}
+        for name in ("/proc/net/udp", "/proc/net/udp6"):
+            try:
+                with open(name) as f:
+                    next(f, None)
+                    for line in f:
+                        cols = line.split()
+                        if len(cols) >= 13 and int(cols[9]) in inodes:
+                            out[inodes[int(cols[9])]] = int(cols[-1])
+            except OSError:
+                continue
+        return out
+
+    def update_drops(self) -> int:
+        for fd, v in self.proc_drops().items():
+            self._drops[fd] = max(self._drops.get(fd, 0), v)
+        self.stats.kernel_drops = sum(self._drops.values())
+        return self.stats.kernel_drops
+
     def receive_buffer(self) -> int:
         """The kernel's receive buffer of the first socket (bytes, as getsockopt reports)."""
         return self.socks[0].getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) if self.socks \
@@ -166,6 +191,7 @@ class FlowListener:
                     break
             self.stats.kernel_drops = sum(self._drops.values())
             if not offs:
+                self.update_drops()
                 yield None
                 continue
             self.stats.datagrams += len(offs)
