@@ -88,3 +88,50 @@ def test_registry_survives_restart(tmp_path):
                                                       ("extra", 3)]
     assert c2.plan.version == version + 1
     c2.stop()
+
+
+def test_exporters_of_a_flow_listener(tmp_path):
+    """GET /exporters: templates, sampling, sequence loss and last seen of what a netflow source
+    received over UDP (no Spark); the decoder's counters reach /metrics."""
+    import socket
+    import time
+
+    from collector.config import SourceConfig
+    from tests.capture.test_netflow import HEX
+    from tests.flowtools import read_hex
+    src = SourceConfig(type="netflow", name="nf", listen=["127.0.0.1:0"],
+                       sampling={"127.0.0.1": 10})
+    c = Collector(load_settings(var_dir=tmp_path / "var", sources=[src]))
+    c.start(with_sources=True, with_spark=False)
+    try:
+        deadline = time.monotonic() + 10
+        while not c.sources[0].listener.bound and time.monotonic() < deadline:
+            time.sleep(0.05)
+        dest = c.sources[0].listener.bound[0]
+        tpl = read_hex(HEX / "PACKET_V9_TEMPLATE.hex")
+        data = read_hex(HEX / "PACKETS_V9.hex")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for p in tpl + data[:1] + data[2:] + [b"\xff" * 21]:
+                s.sendto(p, dest)
+        with TestClient(create_app(c)) as client:
+            while time.monotonic() < deadline:
+                ex = client.get("/exporters").json()
+                if ex and ex[0]["streams"][0]["records"] == 32:
+                    break
+                time.sleep(0.1)
+            assert len(ex) == 1 and ex[0]["exporter"] == "127.0.0.1"
+            st = ex[0]["streams"][0]
+            assert st["version"] == 9 and st["templates"] == [1024, 2048]
+            assert st["sampling_override"] == 10
+            seqs = [int.from_bytes(p[12:16], "big") for p in tpl + data[:1] + data[2:]]
+            lost = sum(b - a - 1 for a, b in zip(seqs, seqs[1:], strict=False) if b > a + 1)
+            assert st["sequence"]["lost"] == lost >= 1
+            assert ex[0]["last_seen"] > time.time() - 60
+            text = client.get("/metrics").text
+            assert 'flowsieve_decode_errors_total{reason="unknown_version",source="nf"} 1.0' \
+                in text
+            assert 'flowsieve_flows_in_total{source="nf"} 32.0' in text
+        # templates were saved under var/ for the next start
+        assert (tmp_path / "var" / "flow-templates-nf.json").exists()
+    finally:
+        c.stop()

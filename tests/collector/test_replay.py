@@ -130,3 +130,40 @@ SELECT time/60 AS t, count(*) AS n FROM packets WHERE regexp(dns_qname, 'wiki') 
     wiki = sum(1 for p in pkts if p["dns_qname"] and "wiki" in p["dns_qname"])
     assert wiki > 0 and [r["n"] for r in answers["wiki_names"]] == [wiki]
     assert res.engine.metrics.residual_evals.labels("packets")._value.get() > 0
+
+
+@pytest.mark.slow
+def test_replay_flows_equals_nfdump(spark, tmp_path):
+    """Queries FROM flows over softflowd's IPFIX export of ok.pcap: per (minute, protocol) the
+    records, packets and bytes equal nfcapd's flows of the same export (its CSV)."""
+    import csv
+    import datetime as dt
+
+    from tests.conftest import flow_data
+    from tests.flowtools import PROTOCOLS
+    base = "softflowd-generated/softflowd-ok-v10"
+    queries = parse_queries(
+        "-- name: by_proto\nSELECT time/60 AS t, protocol, count(*) AS flows, "
+        "sum(packets) AS pkts, sum(est_bytes) AS bytes FROM flows GROUP BY time/60, protocol;\n"
+        "-- name: tcp443\nSELECT src_ip, dst_ip, bytes FROM flows WHERE protocol = 6 AND "
+        "src_port = 443;\n")
+    res = replay(flow_data(f"{base}-export.pcap"), queries, tmp_path, spark)
+    assert res.error is None
+    want: dict = {}
+    want443 = []
+    for r in csv.reader(flow_data(f"{base}-nfdump-flows.csv").open()):
+        t = dt.datetime.strptime(r[0].strip(), "%Y-%m-%d %H:%M:%S.%f").replace(
+            tzinfo=dt.UTC).timestamp()
+        proto = PROTOCOLS[r[2].strip()]
+        acc = want.setdefault((int(t) // 60, proto), [0, 0, 0])
+        acc[0] += 1
+        acc[1] += int(r[7])
+        acc[2] += int(r[8])
+        if proto == 6 and r[4].strip() == "443":
+            want443.append((r[3].strip(), r[5].strip(), int(r[8])))
+    answers = dict((q.name, rows_of(q, t)) for q, t in res.answers)
+    got = {(r["t"], r["protocol"]): [r["flows"], r["pkts"], r["bytes"]]
+           for r in answers["by_proto"]}
+    assert got == want
+    got443 = sorted((r["src_ip"], r["dst_ip"], r["bytes"]) for r in answers["tcp443"])
+    assert got443 == sorted(want443) and got443
