@@ -75,6 +75,11 @@ def test_errors_are_one_line(tmp_path, capsys):
                                          "record header) at byte 24")
     assert captured.out.splitlines()[0].startswith("ts,time,")
     assert main(["decode", str(capture("dns_udp.pcap")), "--fields", "nope"]) == 1
-    assert "unknown field 'nope'" in capsys.readouterr().err
+    assert "unknown packets field 'nope'" in capsys.readouterr().err
     assert main(["replay", "/nonexistent.pcap", "--queries", str(bad)]) == 1
-    assert main(["decode", str(capture("dns_udp.pcap")), "--stream", "flows"]) == 1
+    assert main(["decode", str(capture("dns_udp.pcap")), "--stream", "flows", "--fields",
+                 "wirelen"]) == 1
+    assert "unknown flows field 'wirelen'" in capsys.readouterr().err
+    # a capture without export datagrams has no flow records: a header and nothing else
+    assert main(["decode", str(capture("dns_udp.pcap")), "--stream", "flows"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("exporter,observation_domain,")
