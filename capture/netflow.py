@@ -234,6 +234,16 @@ def _uptime_ns(ver, export_ns, uptime, v, init_ms):
     return export_ns - d * 1_000_000
 
 
+@nb.njit(cache=True, inline="always")
+def _relative_ns(ver, export_ns, uptime, up_ms, delta_us, init_ms):
+    """A time given relative to sysUpTime or to the export time, in absolute ns (-1: none)."""
+    if up_ms >= 0:
+        return _uptime_ns(ver, export_ns, uptime, up_ms, init_ms)
+    if delta_us >= 0:
+        return export_ns - delta_us * 1000
+    return np.int64(-1)
+
+
 @nb.njit(cache=True)
 def _records(buf, s, e, slot, t_fstart, t_fn, t_minlen, f_op, f_col, f_len, ver, export_ns,
              uptime, domain, tid, exp_addr, ints, ips, ipset, n, tmp, sampling, st_row,
@@ -305,21 +315,16 @@ def _records(buf, s, e, slot, t_fstart, t_fn, t_minlen, f_op, f_col, f_len, ver,
             q += ln
         # times
         if ints[C_FIRST, n] < 0:
-            if tmp[T_UP_FIRST] >= 0:
-                ints[C_FIRST, n] = _uptime_ns(ver, export_ns, uptime, tmp[T_UP_FIRST],
-                                              tmp[T_INIT])
-            elif tmp[T_DELTA_FIRST] >= 0:
-                ints[C_FIRST, n] = export_ns - tmp[T_DELTA_FIRST] * 1000
+            ints[C_FIRST, n] = _relative_ns(ver, export_ns, uptime, tmp[T_UP_FIRST],
+                                            tmp[T_DELTA_FIRST], tmp[T_INIT])
         if ints[C_LAST, n] < 0:
-            if tmp[T_UP_LAST] >= 0:
-                ints[C_LAST, n] = _uptime_ns(ver, export_ns, uptime, tmp[T_UP_LAST],
-                                             tmp[T_INIT])
-            elif tmp[T_DELTA_LAST] >= 0:
-                ints[C_LAST, n] = export_ns - tmp[T_DELTA_LAST] * 1000
-            elif tmp[T_DUR] >= 0 and ints[C_FIRST, n] >= 0:
-                ints[C_LAST, n] = ints[C_FIRST, n] + tmp[T_DUR] * 1_000_000
-            elif tmp[T_DUR_US] >= 0 and ints[C_FIRST, n] >= 0:
-                ints[C_LAST, n] = ints[C_FIRST, n] + tmp[T_DUR_US] * 1000
+            ints[C_LAST, n] = _relative_ns(ver, export_ns, uptime, tmp[T_UP_LAST],
+                                           tmp[T_DELTA_LAST], tmp[T_INIT])
+            if ints[C_LAST, n] < 0 and ints[C_FIRST, n] >= 0:
+                if tmp[T_DUR] >= 0:
+                    ints[C_LAST, n] = ints[C_FIRST, n] + tmp[T_DUR] * 1_000_000
+                elif tmp[T_DUR_US] >= 0:
+                    ints[C_LAST, n] = ints[C_FIRST, n] + tmp[T_DUR_US] * 1000
         ints[C_EXPORT, n] = export_ns
         first = ints[C_FIRST, n]
         ints[C_TIME, n] = (first if first >= 0 else export_ns) // 1_000_000_000
@@ -337,8 +342,9 @@ def _records(buf, s, e, slot, t_fstart, t_fn, t_minlen, f_op, f_col, f_len, ver,
             interval = tmp[T_INTERVAL]
             if tmp[T_SPACE] >= 0:
                 interval = (tmp[T_INTERVAL] + tmp[T_SPACE]) // tmp[T_INTERVAL]
-        if interval <= 0 and tmp[T_SAMPLER] >= 0 and (smp_base | (tmp[T_SAMPLER] + 1)) in smp_dict:
-            interval = smp_dict[smp_base | (tmp[T_SAMPLER] + 1)]
+        sk = smp_base | ((tmp[T_SAMPLER] + 1) & 0xFFFF)
+        if interval <= 0 and tmp[T_SAMPLER] >= 0 and sk in smp_dict:
+            interval = smp_dict[sk]
         if interval <= 0 and smp_base in smp_dict:
             interval = smp_dict[smp_base]
         if interval <= 0:
@@ -421,7 +427,7 @@ def decode_kernel(buf, d_off, d_len, d_exp, d_ts, d_flags, d_expaddr, start_d, s
                     row[S_CUR_UNKNOWN] = 0
                 if ver == 10 and mend < base + d_len[i]:
                     errs[E_TRAILING] += 1
-        smp_base = np.int64(slot) << 33
+        smp_base = skey << 16
         ov = override[exp]
         sampling[1] = default_interval
         if ver == 5:
@@ -629,7 +635,8 @@ class DecoderError(ValueError):
 
 
 class TemplateStore:
-    """Templates and options sampling per export stream, compiled for the kernel."""
+    """Templates and options sampling per export stream, as exporters sent them (the decoder
+    compiles them for the kernel); saved and loaded as JSON."""
 
     def __init__(self, enterprise: dict[tuple[int, int], str] | None = None):
         self.enterprise = dict(enterprise or {})
@@ -637,7 +644,6 @@ class TemplateStore:
         # (exporter, version, domain, sampler id or 0) -> interval
         self.sampling: dict[tuple[str, int, int, int], int] = {}
         self.dirty = False
-        self._compiled = None
 
     def learn(self, t: Template) -> bool:
         """Add or replace a template; True when it changed."""
@@ -646,22 +652,21 @@ class TemplateStore:
         if old is not None and old.fields == t.fields and old.kind == t.kind:
             return False
         self.templates[key] = t
-        self._compiled = None
         self.dirty = True
         return True
 
     def withdraw(self, exporter: str, version: int, domain: int, template_id: int | None,
-                 kind: int) -> int:
-        """Remove one template, or every template of a kind (IPFIX withdraw-all)."""
+                 kind: int) -> list[tuple[str, int, int, int]]:
+        """Remove one template, or every template of a kind (IPFIX withdraw-all); the keys
+        removed."""
         keys = [k for k, t in self.templates.items()
                 if k[:3] == (exporter, version, domain) and t.kind == kind
                 and (template_id is None or k[3] == template_id)]
         for k in keys:
             del self.templates[k]
         if keys:
-            self._compiled = None
             self.dirty = True
-        return len(keys)
+        return keys
 
     def set_sampling(self, exporter: str, version: int, domain: int, sampler: int,
                      interval: int) -> None:
@@ -669,37 +674,6 @@ class TemplateStore:
         if self.sampling.get(key) != interval:
             self.sampling[key] = interval
             self.dirty = True
-            self._compiled = None
-
-    def compiled(self, exporter_index: dict[str, int], stream_slot):
-        """Kernel arrays: template dict, per-template and per-field tables, sampling dict."""
-        if self._compiled is not None:
-            return self._compiled
-        tdict = Dict.empty(types.int64, types.int64)
-        fstart, fn, minlen, kind = [0], [len(V5_TEMPLATE)], [V5_RECORD], [KIND_DATA]
-        ops = compile_fields(V5_TEMPLATE, {})
-        for (exp, ver, dom, tid), t in self.templates.items():
-            e = exporter_index.get(exp)
-            if e is None:
-                continue
-            cf = compile_fields(t.fields, self.enterprise)
-            fstart.append(len(ops))
-            fn.append(len(cf))
-            minlen.append(sum(1 if ln == VARLEN else ln for _, _, ln in cf))
-            kind.append(t.kind)
-            ops.extend(cf)
-            tdict[((e * 4 + VCODE[ver]) << 48) | (dom << 16) | tid] = len(fstart) - 1
-        sdict = Dict.empty(types.int64, types.int64)
-        for (exp, ver, dom, sampler), interval in self.sampling.items():
-            slot = stream_slot(exp, ver, dom)
-            if slot is not None:
-                sdict[(slot << 33) | (sampler + 1 if sampler else 0)] = interval
-        arr = np.array(ops, dtype=np.int64).reshape(-1, 3)
-        self._compiled = (tdict, np.array(fstart, np.int64), np.array(fn, np.int64),
-                          np.array(minlen, np.int64), np.array(kind, np.int64),
-                          np.ascontiguousarray(arr[:, 0]), np.ascontiguousarray(arr[:, 1]),
-                          np.ascontiguousarray(arr[:, 2]), sdict)
-        return self._compiled
 
     # persistence
     def save(self, path: str | os.PathLike) -> None:
@@ -727,11 +701,48 @@ class TemplateStore:
         for d in doc.get("sampling", []):
             self.sampling[(d["exporter"], d["version"], d["domain"], d["sampler"])] = \
                 d["interval"]
-        self._compiled = None
         return len(self.templates)
 
 
 # --------------------------------------------------------------------------- the decoder
+class _KernelTables:
+    """Templates as the kernel reads them: per-slot and per-field arrays grown in place, and a
+    typed dict from kernel key to slot. A learned template appends a slot; a replaced or
+    withdrawn one leaves garbage until the decoder rebuilds (rarely: see ``garbage``)."""
+
+    def __init__(self):
+        self.tdict = Dict.empty(types.int64, types.int64)
+        self.t = np.zeros((4, 64), np.int64)  # fstart, fn, minlen, kind per slot
+        self.f = np.zeros((3, 1024), np.int64)  # op, target, length per field
+        self.nt = self.nf = self.garbage = 0
+        self.put(-1, compile_fields(V5_TEMPLATE, {}), KIND_DATA)  # slot 0: NetFlow v5
+
+    def put(self, key: int, cf: list[tuple[int, int, int]], kind: int) -> None:
+        if self.nt == self.t.shape[1]:
+            self.t = np.concatenate([self.t, np.zeros_like(self.t)], axis=1)
+        while self.nf + len(cf) > self.f.shape[1]:
+            self.f = np.concatenate([self.f, np.zeros_like(self.f)], axis=1)
+        if cf:
+            self.f[:, self.nf:self.nf + len(cf)] = np.array(cf, np.int64).T
+        minlen = sum(1 if ln == VARLEN else ln for _, _, ln in cf)
+        self.t[:, self.nt] = (self.nf, len(cf), minlen, kind)
+        if key >= 0:
+            if key in self.tdict:
+                self.garbage += 1
+            self.tdict[key] = self.nt
+        self.nt += 1
+        self.nf += len(cf)
+
+    def drop(self, key: int) -> None:
+        if key in self.tdict:
+            del self.tdict[key]
+            self.garbage += 1
+
+    def args(self):
+        return (self.tdict, self.t[0], self.t[1], self.t[2], self.t[3], self.f[0], self.f[1],
+                self.f[2])
+
+
 @dataclass
 class _Pending:
     key: tuple[str, int, int, int]
@@ -740,6 +751,11 @@ class _Pending:
     data: bytes
     addr: bytes
     ts_ns: int
+    done: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + len(self.data)
 
 
 class Decoder:
@@ -749,10 +765,12 @@ class Decoder:
     def __init__(self, store: TemplateStore | None = None, *,
                  sampling_override: dict[str, int] | None = None,
                  default_sampling_interval: int = 1, pending_max_bytes: int = 4 << 20,
-                 pending_ttl_s: float = 300.0):
+                 pending_ttl_s: float = 300.0, max_templates: int = 65536):
         self.store = store or TemplateStore()
+        self.max_templates = max_templates
         self.exporters: dict[bytes, int] = {}
         self.exporter_names: list[str] = []
+        self._exp_index: dict[str, int] = {}
         self.override = np.zeros(MAX_EXPORTERS + 1, np.int64)
         self.sampling_override = {address_bytes(k): int(v)
                                   for k, v in (sampling_override or {}).items()}
@@ -762,7 +780,10 @@ class Decoder:
         self.st_n = np.zeros(1, np.int64)
         self.errors: dict[str, int] = {}
         self._errs = np.zeros(len(KERNEL_REASONS), np.int64)
-        self.pending: deque[_Pending] = deque()
+        # held data sets: by template key, and in arrival order (for eviction and expiry)
+        self._held: dict[tuple[str, int, int, int], list[_Pending]] = {}
+        self._order: deque[_Pending] = deque()
+        self.pending_sets = 0
         self.pending_bytes = 0
         self.pending_max_bytes = pending_max_bytes
         self.pending_ttl_ns = int(pending_ttl_s * 1e9)
@@ -770,8 +791,35 @@ class Decoder:
         self.options_records = 0
         self.templates_changed = 0
         self._now = 0
-        for exp in {t.exporter for t in self.store.templates.values()}:
+        self.sdict = Dict.empty(types.int64, types.int64)  # stream key << 16 | sampler -> interval
+        for exp in {t.exporter for t in self.store.templates.values()} | \
+                {k[0] for k in self.store.sampling}:
             self._exporter(address_bytes(exp))
+        self._rebuild_tables()
+
+    def _rebuild_tables(self) -> None:
+        self.tables = _KernelTables()
+        for t in self.store.templates.values():
+            self._put(t)
+        for (exp, ver, dom, sampler), interval in self.store.sampling.items():
+            self._put_sampling(exp, ver, dom, sampler, interval)
+
+    def _stream_key(self, exporter: str, version: int, domain: int) -> int:
+        return ((self._exp_index[exporter] * 4 + VCODE[version]) << 32) | domain
+
+    def _put(self, t: Template) -> None:
+        key = (self._stream_key(t.exporter, t.version, t.domain) << 16) | t.template_id
+        self.tables.put(key, compile_fields(t.fields, self.store.enterprise), t.kind)
+
+    def _put_sampling(self, exporter, version, domain, sampler, interval) -> None:
+        self.store.set_sampling(exporter, version, domain, sampler, interval)
+        self.sdict[(self._stream_key(exporter, version, domain) << 16)
+                   | ((sampler + 1) & 0xFFFF if sampler else 0)] = interval
+
+    @property
+    def pending(self) -> list[_Pending]:
+        """The data sets waiting for their template, oldest first."""
+        return [x for x in self._order if not x.done]
 
     # -- exporters and streams
     def _exporter(self, addr: bytes) -> int:
@@ -782,15 +830,9 @@ class Decoder:
             e = len(self.exporter_names)
             self.exporters[addr] = e
             self.exporter_names.append(address_text(addr))
+            self._exp_index[self.exporter_names[-1]] = e
             self.override[e] = self.sampling_override.get(addr, 0)
-            self.store._compiled = None
         return e
-
-    def _stream_slot(self, exporter: str, version: int, domain: int) -> int | None:
-        e = self.exporters.get(address_bytes(exporter))
-        if e is None:
-            return None
-        return self.st_dict.get(((e * 4 + VCODE[version]) << 32) | domain)
 
     def _count(self, reason: str, n: int = 1) -> None:
         self.errors[reason] = self.errors.get(reason, 0) + n
@@ -838,12 +880,12 @@ class Decoder:
         exp = exp.astype(np.int32)
         addrs = np.ascontiguousarray(dg.exporter)
         while True:
-            c = self.store.compiled(self.exporters_by_text(), self._stream_slot)
-            tdict, fstart, fn, minlen, kind, f_op, f_col, f_len, sdict = c
+            if self.tables.garbage > 2 * len(self.tables.tdict) + 256:
+                self._rebuild_tables()
             ints, ips, ipset, k = self._out
             code, d, p, k, slot, key = decode_kernel(
-                dg.buf, dg.offset, dg.length, exp, dg.ts_ns, flags, addrs, d, p, tdict, fstart,
-                fn, minlen, kind, f_op, f_col, f_len, self.st_dict, self.st, self.st_n, sdict,
+                dg.buf, dg.offset, dg.length, exp, dg.ts_ns, flags, addrs, d, p,
+                *self.tables.args(), self.st_dict, self.st, self.st_n, self.sdict,
                 self.override, self.default_interval, ints, ips, ipset, k, self._errs)
             self._out[3] = k
             if code == DONE:
@@ -878,9 +920,6 @@ class Decoder:
                         self.st[slot, S_CUR_UNKNOWN] = 1
             p += slen
         self._flush_errs()
-
-    def exporters_by_text(self) -> dict[str, int]:
-        return {name: i for i, name in enumerate(self.exporter_names)}
 
     def _flush_errs(self) -> None:
         for i, v in enumerate(self._errs):
@@ -964,15 +1003,21 @@ class Decoder:
             self.bad_templates.discard(key)
             t = Template(exporter, ver, domain, tid, tuple(flds),
                          KIND_OPTIONS if options else KIND_DATA, scope, ts_ns)
+            if key not in self.store.templates and \
+                    len(self.store.templates) >= self.max_templates:
+                self._count("too_many_templates")
+                continue
             if self.store.learn(t):
                 self.templates_changed += 1
+                self._put(t)
             learned.append(key)
         for key in learned:
             self._release(key)
 
     def _withdraw(self, exporter, ver, domain, tid, kind) -> None:
         all_ = tid == (2 if kind == KIND_DATA else 3)
-        self.store.withdraw(exporter, ver, domain, None if all_ else tid, kind)
+        for key in self.store.withdraw(exporter, ver, domain, None if all_ else tid, kind):
+            self.tables.drop((self._stream_key(*key[:3]) << 16) | key[3])
 
     def _options(self, exporter: str, ver: int, domain: int, tid: int, body: bytes, slot: int,
                  count_seq: bool) -> None:
@@ -1007,9 +1052,9 @@ class Decoder:
                 interval = max(1, vals[310] // vals[309])
             if interval:
                 sampler = vals.get(48, vals.get(302, 0))
-                self.store.set_sampling(exporter, ver, domain, 0, interval)
+                self._put_sampling(exporter, ver, domain, 0, interval)
                 if sampler:
-                    self.store.set_sampling(exporter, ver, domain, sampler, interval)
+                    self._put_sampling(exporter, ver, domain, sampler, interval)
         self.options_records += n
         self.st[slot, S_OPTIONS] += n
         if count_seq:
@@ -1018,26 +1063,41 @@ class Decoder:
 
     # -- pending data (template not seen yet)
     def _hold(self, item: _Pending) -> None:
-        size = len(item.data) + len(item.header)
-        if size > self.pending_max_bytes:
+        if item.size > self.pending_max_bytes:
             self._count("template_missing")
             return
-        self.pending.append(item)
-        self.pending_bytes += size
+        self._held.setdefault(item.key, []).append(item)
+        self._order.append(item)
+        self.pending_sets += 1
+        self.pending_bytes += item.size
         while self.pending_bytes > self.pending_max_bytes:
-            old = self.pending.popleft()
-            self.pending_bytes -= len(old.data) + len(old.header)
-            self._count("pending_evicted")
+            self._discard(self._oldest(), "pending_evicted")
+
+    def _oldest(self) -> _Pending:
+        while self._order[0].done:
+            self._order.popleft()
+        return self._order[0]
+
+    def _discard(self, item: _Pending, reason: str | None) -> None:
+        """Take a held set out of the buffer (counted under ``reason`` unless released)."""
+        item.done = True
+        self.pending_sets -= 1
+        self.pending_bytes -= item.size
+        held = self._held[item.key]
+        held.remove(item)
+        if not held:
+            del self._held[item.key]
+        if reason:
+            self._count(reason)
 
     def _release(self, key) -> None:
         """Decode the held sets of a template that just arrived."""
-        ready = [x for x in self.pending if x.key == key]
+        ready = list(self._held.get(key, ()))
         if not ready:
             return
-        self.pending = deque(x for x in self.pending if x.key != key)
         payloads = []
         for x in ready:
-            self.pending_bytes -= len(x.data) + len(x.header)
+            self._discard(x, None)
             h = bytearray(x.header)
             if x.key[1] == 10:
                 h[2:4] = (len(h) + len(x.data)).to_bytes(2, "big")
@@ -1050,17 +1110,14 @@ class Decoder:
 
     def _expire(self) -> None:
         limit = self._now - self.pending_ttl_ns
-        while self.pending and self.pending[0].ts_ns < limit:
-            old = self.pending.popleft()
-            self.pending_bytes -= len(old.data) + len(old.header)
-            self._count("template_missing")
+        while self.pending_sets and self._oldest().ts_ns < limit:
+            self._discard(self._oldest(), "template_missing")
 
     def finish(self) -> None:
         """End of input: what still waits for a template is counted as missing."""
-        if self.pending:
-            self._count("template_missing", len(self.pending))
-        self.pending.clear()
-        self.pending_bytes = 0
+        while self.pending_sets:
+            self._discard(self._oldest(), "template_missing")
+        self._order.clear()
 
     # -- state for the API
     def streams(self) -> list[dict]:

@@ -44,7 +44,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--config", help="YAML config (default: the embedded defaults)")
 
     rp = sub.add_parser("replay", help="run queries over a capture through the whole pipeline")
-    rp.add_argument("capture", help="pcap or pcapng file")
+    rp.add_argument("capture", help="pcap or pcapng file: its packets for queries FROM packets, "
+                    "its NetFlow/IPFIX datagrams for queries FROM flows")
     rp.add_argument("--queries", required=True, help="file of SQL statements")
     rp.add_argument("--flow-ports", type=_ports, default=_ports(DEFAULT_FLOW_PORTS),
                     help=f"UDP ports of flow exports (default {DEFAULT_FLOW_PORTS})")
@@ -55,8 +56,10 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("decode", help="print unpacked tuples or flow records")
     d.add_argument("capture", help="pcap or pcapng file, or - for a pcap or pcapng stream on "
                    "stdin (--stream flows: the NetFlow/IPFIX datagrams it holds)")
-    d.add_argument("--stream", choices=("packets", "flows"), default="packets")
-    d.add_argument("--flow-ports", type=_ports, default=_ports(DEFAULT_FLOW_PORTS))
+    d.add_argument("--stream", choices=("packets", "flows"), default="packets",
+                   help="packets: unpacked packet fields; flows: NetFlow v5/v9/IPFIX records")
+    d.add_argument("--flow-ports", type=_ports, default=_ports(DEFAULT_FLOW_PORTS),
+                   help=f"UDP ports of flow exports (default {DEFAULT_FLOW_PORTS})")
     d.add_argument("--fields", help="comma-separated catalogue fields (default: all)")
     d.add_argument("--format", choices=("csv", "json"), default="csv")
 
@@ -178,25 +181,23 @@ def cmd_decode(args) -> int:
     reader = open_capture(args.capture)
     try:
         for raw in reader:
-            tb = unpack(raw, [n for n in names if n in cat])
-            cols = []
-            for n in names:
-                if n == "ts":
-                    cols.append(tb.ts_ns.tolist())
-                elif cat[n].kind == IP:
-                    cols.append(tb.arrow(n).to_pylist())
-                else:
-                    cols.append(tb.arrow(n).to_pylist())
-            kinds = [cat[n].kind for n in names]
-            for row in zip(*cols, strict=True):
-                vals = [_cell(k, v, writer is None) for k, v in zip(kinds, row, strict=True)]
-                if writer:
-                    writer.writerow(vals)
-                else:
-                    out.write(json.dumps(dict(zip(names, vals, strict=True))) + "\n")
+            tb = unpack(raw, names)
+            _write_rows(out, writer, names, [cat[n].kind for n in names],
+                        [tb.ts_ns.tolist() if n == "ts" else tb.arrow(n).to_pylist()
+                         for n in names])
     finally:
         out.flush()
     return 0
+
+
+def _write_rows(out, writer, names: list[str], kinds: list[str], cols: list[list]) -> None:
+    """Rows of columns as CSV (``writer``) or JSON lines."""
+    for row in zip(*cols, strict=True):
+        vals = [_cell(k, v, writer is None) for k, v in zip(kinds, row, strict=True)]
+        if writer:
+            writer.writerow(vals)
+        else:
+            out.write(json.dumps(dict(zip(names, vals, strict=True))) + "\n")
 
 
 def _field_names(stream: str, text: str | None) -> list[str]:
@@ -221,14 +222,10 @@ def _decode_flows(args) -> int:
     decoder = Decoder()
     try:
         for fb in capture_flows(args.capture, args.flow_ports, decoder):
-            cols = [fb.arrow(n).to_pylist() if cat[n].kind == IP
-                    else [None if v < 0 else int(v) for v in fb.column(n)] for n in names]
-            for row in zip(*cols, strict=True):
-                vals = [_cell(k, v, writer is None) for k, v in zip(kinds, row, strict=True)]
-                if writer:
-                    writer.writerow(vals)
-                else:
-                    out.write(json.dumps(dict(zip(names, vals, strict=True))) + "\n")
+            _write_rows(out, writer, names, kinds,
+                        [fb.arrow(n).to_pylist() if cat[n].kind == IP
+                         else [None if v < 0 else int(v) for v in fb.column(n)]
+                         for n in names])
     finally:
         out.flush()
     if decoder.errors:

@@ -149,7 +149,7 @@ class Collector:
                 self.metrics.flow_sequence_lost.labels(src.name, st["exporter"]).inc(
                     st["sequence"]["lost"] - lost)
                 seen[k] = st["sequence"]["lost"]
-        self.metrics.flow_pending.labels(src.name).set(len(dec.pending))
+        self.metrics.flow_pending.labels(src.name).set(dec.pending_sets)
 
     def exporters(self) -> list[dict]:
         """Per exporter: its export streams (templates, sampling, sequence loss, last seen)."""

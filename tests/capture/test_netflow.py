@@ -444,3 +444,27 @@ def test_record_cut_inside_variable_length_field():
     d = Decoder()
     assert len(d.decode(Datagrams.from_payloads([msg]))) == 0
     assert d.errors == {"record_truncated": 1}
+
+
+def test_sampling_persists_across_restart(tmp_path):
+    """Options sampling (30000, tshark-checked above) and templates saved before a restart
+    apply to data that comes after it, before the exporter sends its options again."""
+    need_tool("mergecap")
+    a = merged(tmp_path, flow_data("options-template.pcap"), flow_data("options-data.pcap"))
+    first = merged(tmp_path, a, flow_data("template.pcap"))
+    _, d = decode_all(first)
+    d.store.save(tmp_path / "t.json")
+    store = TemplateStore()
+    store.load(tmp_path / "t.json")
+    fb, again = decode_all(flow_data("data.pcap"), Decoder(store))
+    assert [r["sampling_interval"] for r in fb.rows()] == [30000] * 4
+    assert again.streams()[0]["records_sampling_unknown"] == 0
+
+
+def test_template_count_is_bounded():
+    """An exporter spraying template ids cannot grow the state without bound."""
+    tpls = [_v9(_v9_template(300 + i, [(8, 4), (12, 4)]), seq=i) for i in range(20)]
+    d = Decoder(max_templates=8)
+    d.decode(Datagrams.from_payloads(tpls))
+    assert len(d.store.templates) == 8
+    assert d.errors == {"too_many_templates": 12}

@@ -48,4 +48,5 @@ def test_mutated_exports_never_crash(batch):
     assert set(d.errors) <= set(KERNEL_REASONS) | {
         "template_truncated", "template_no_fields", "template_too_many_fields",
         "template_zero_length", "template_id", "template_scope", "template_missing",
-        "template_invalid_data", "pending_evicted", "record_truncated", "too_many_exporters"}
+        "template_invalid_data", "pending_evicted", "record_truncated", "too_many_exporters",
+        "too_many_templates"}

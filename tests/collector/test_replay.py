@@ -161,7 +161,7 @@ def test_replay_flows_equals_nfdump(spark, tmp_path):
         acc[2] += int(r[8])
         if proto == 6 and r[4].strip() == "443":
             want443.append((r[3].strip(), r[5].strip(), int(r[8])))
-    answers = dict((q.name, rows_of(q, t)) for q, t in res.answers)
+    answers = {q.name: rows_of(q, t) for q, t in res.answers}
     got = {(r["t"], r["protocol"]): [r["flows"], r["pkts"], r["bytes"]]
            for r in answers["by_proto"]}
     assert got == want
