@@ -154,7 +154,10 @@ class LiveCapture:
         r = self.ring_cfg
         if r.block_size % mmap.PAGESIZE or r.block_size < (1 << 16):
             raise ValueError("ring block_size must be a multiple of the page size, >= 64 KiB")
-        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        # protocol 0: the socket receives nothing until bind() names the interface and
+        # ETH_P_ALL, as libpcap does; opened with ETH_P_ALL it would queue (and count in
+        # PACKET_STATISTICS) frames of every interface until then
+        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
         try:
             sock.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V3)
             # tpacket_req3: block_size, block_nr, frame_size, frame_nr, retire_blk_tov,

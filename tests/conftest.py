@@ -8,11 +8,38 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 SHARED = ROOT.parent / "shared" / "data"
 STRICT = os.environ.get("FLOWSIEVE_STRICT") == "1"
+
+# CI draws the same examples on every run (a new failing example would fail an unrelated
+# submission); a developer's `make test` keeps exploring and prints a blob to reproduce a failure.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI") or STRICT else "dev")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under FLOWSIEVE_STRICT=1 a skip, by whatever path, is a failure."""
+    outcome = yield
+    report = outcome.get_result()
+    if STRICT and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"FLOWSIEVE_STRICT=1 forbids skipping: {reason}"
+
+
+def pytest_collectreport(report):
+    """A module skipped at collection (importorskip, a module-level skip) fails under strict."""
+    if STRICT and report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"FLOWSIEVE_STRICT=1 forbids skipping: {reason}"
 
 
 def need(condition: bool, reason: str) -> None:
@@ -49,6 +76,19 @@ def flow_data(rel: str) -> Path:
     need(shared.exists(), f"{shared} is absent (AGPL/GPL sample, not copied into the "
          "repository)")
     return shared
+
+
+def samples(kind: str, pattern: str, exclude: frozenset[str] | set[str] = frozenset()):
+    """Parameters for every sample file of ``kind`` (pcap, netflow) in tests/data and in
+    ../shared/data. When ../shared/data is absent its (GPL) samples are one visibly skipped
+    parameter, never a silently shorter list (and under FLOWSIEVE_STRICT=1 a failure)."""
+    names = {p.name for p in (DATA / kind).glob(pattern)}
+    if (SHARED / kind).is_dir():
+        names |= {p.name for p in (SHARED / kind).glob(pattern)}
+        return sorted(names - set(exclude))
+    missing = pytest.param(None, id="shared-absent", marks=pytest.mark.skip(
+        reason=f"{SHARED / kind} is absent: its GPL/AGPL samples are not tested"))
+    return [*sorted(names - set(exclude)), missing]
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from capture.netflow import (
     TemplateStore,
     capture_flows,
 )
-from tests.conftest import DATA, SHARED, flow_data, need_tool
+from tests.conftest import DATA, SHARED, flow_data, need_tool, samples
 from tests.flowtools import (
     FLOW_PORTS,
     PAIRS,
@@ -32,8 +32,7 @@ from tests.flowtools import (
 
 LOCAL = DATA / "netflow"
 SHARED_NF = SHARED / "netflow"
-PCAPS = sorted({p.name for p in list(LOCAL.glob("*.pcap")) + list(SHARED_NF.glob("*.pcap"))}
-               - set(PAIRS.values()))
+PCAPS = samples("netflow", "*.pcap", exclude=set(PAIRS.values()))
 LOGSTASH = LOCAL / "logstash-dat"
 HEX = LOCAL / "python-netflow-hex"
 

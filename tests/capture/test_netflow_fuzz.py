@@ -3,6 +3,7 @@ inputs, bench/bench_netflow_fuzz.py). Nothing may crash or hang; rejected input 
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,6 +36,7 @@ def mutated(draw):
     return bytes(data)
 
 
+@pytest.mark.timeout(600)  # a hang fails the test instead of stalling CI
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(mutated(), min_size=1, max_size=6))
 def test_mutated_exports_never_crash(batch):

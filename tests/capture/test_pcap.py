@@ -5,14 +5,15 @@ from __future__ import annotations
 import dpkt
 import numpy as np
 import pytest
+from scapy.utils import RawPcapReader
 
 from capture.errors import DecodeError
 from capture.pcap import open_capture
-from tests.conftest import DATA, capture
+from tests.conftest import capture, samples
 
-READABLE = sorted(p.name for p in (DATA / "pcap").glob("*.pcap")
-                  if p.name not in {"unexpected_eof_on_second_packet.pcap",
-                                    "partial_first_header.pcap", "bad_first_header.pcap"})
+READABLE = samples("pcap", "*.pcap", exclude={"unexpected_eof_on_second_packet.pcap",
+                                             "partial_first_header.pcap",
+                                             "bad_first_header.pcap"})
 
 
 def _records(path, batch_size=65536, **kw):
@@ -30,11 +31,13 @@ def test_records_equal_dpkt(name):
     with open(path, "rb") as fh:
         ref = dpkt.pcap.Reader(fh)
         exp = [(ts, buf) for ts, buf in ref]
-    assert len(ours) == len(exp)
-    for (ts_ns, wirelen, data), (ts, buf) in zip(ours, exp, strict=True):
+    # dpkt's reader does not return the original length; scapy's raw reader does
+    wire = [meta.wirelen for _, meta in RawPcapReader(str(path))]
+    assert len(ours) == len(exp) == len(wire)
+    for (ts_ns, wirelen, data), (ts, buf), ref_wirelen in zip(ours, exp, wire, strict=True):
         assert data == buf
         assert abs(ts_ns / 1e9 - float(ts)) < 2e-6
-        assert wirelen >= len(data) or name == "trunc-hdr.pcap"
+        assert wirelen == ref_wirelen
 
 
 def test_big_endian_file():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from scapy.compat import raw
 from scapy.contrib.mpls import MPLS
@@ -132,8 +132,15 @@ def decode(linktype: int, frames: list[bytes]) -> list[dict]:
     return rows
 
 
+# Found by CI: one MPLS label, then IPv6, cut one byte into the IPv6 header. The label stack has
+# no EtherType; what follows it is told by the first nibble (as the whole packet's is), so
+# flowsieve says 0x86DD where dpkt, failing to decode a 1-byte IPv6 header, keeps 0x8847.
+MPLS_IPV6_CUT = (1, raw(Ether(type=0x8847) / MPLS(label=16, s=1, ttl=64) / IPv6() / UDP()))
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(frame(), st.integers(0, 400))
+@example(MPLS_IPV6_CUT, 19)
 def test_scapy_packets_decode_as_dpkt_does(f, cut):
     linktype, data = f
     whole = decode(linktype, [data])[0]
@@ -147,6 +154,9 @@ def test_scapy_packets_decode_as_dpkt_does(f, cut):
                 assert got[k] == len(part)
             elif k == "eth_type" and ref[k] is None and got[k] in TAG_TYPES:
                 pass  # cut inside a tag or label: the last EtherType flowsieve could read
+            elif k == "eth_type" and ref[k] in (0x8847, 0x8848) and got[k] == whole[k]:
+                pass  # dpkt could not decode the cut payload after the labels; its nibble is
+                # in the frame, and flowsieve reads it as it does for the whole packet
             elif got[k] != ref[k]:
                 # dpkt dropped a cut layer; flowsieve kept what was there, and it is right
                 assert ref[k] is None and got[k] == whole[k], (k, got[k], ref[k], whole[k])

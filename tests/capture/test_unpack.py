@@ -11,13 +11,12 @@ from capture.fields import fields
 from capture.pcap import open_capture
 from capture.unpack import unpack
 from collector.results import format_ip
-from tests.conftest import DATA, capture
+from tests.conftest import capture, samples
 from tests.reference import FIELDS, packets
 
 CORRUPT = {"unexpected_eof_on_second_packet.pcap", "partial_first_header.pcap",
            "bad_first_header.pcap", "dhcp-trunc.pcapng"}
-CAPTURES = sorted(p.name for p in (DATA / "pcap").glob("*.pcap*") if p.name not in CORRUPT)
-CAPTURES.append("test.pcap")  # GPL: read from ../shared/data
+CAPTURES = samples("pcap", "*.pcap*", exclude=CORRUPT)
 
 
 def ours(path, groups=None) -> list[dict]:

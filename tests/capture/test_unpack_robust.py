@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import DATA, ROOT
 
 SCRIPT = r"""
@@ -44,6 +46,7 @@ print(total)
 """
 
 
+@pytest.mark.timeout(600)  # a hang fails the test instead of stalling CI
 def test_mutated_frames_with_bounds_checking(tmp_path):
     names = [str(DATA / "pcap" / n) for n in ("ok.pcap", "wikipedia.pcap", "icmp6.pcap",
                                               "mixed-vlan-mpls.pcap", "q-in-q.pcap",

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import subprocess
 import sys
 from collections import defaultdict
 
+import dpkt
 import pytest
 from scapy.utils import RawPcapReader
 
@@ -87,8 +89,18 @@ def test_replay_corrupt_capture_answers_what_was_read(tmp_path):
     assert out.returncode == 1
     assert out.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "at byte 248" in out.stderr
-    # the one readable packet is UDP (ok.pcap's first packet: SSDP from fe80::...)
-    assert '"query": "udp_bw"' in out.stdout
+    # the one readable record is ok.pcap's first packet (tests/data/SOURCES.md): its answers are
+    # those dpkt and scapy give for that packet alone
+    ok = capture("ok.pcap")
+    with open(ok, "rb") as a, open(capture("unexpected_eof_on_second_packet.pcap"), "rb") as b:
+        assert next(iter(dpkt.pcap.Reader(a))) == next(iter(dpkt.pcap.Reader(b)))
+    first = packets(ok)[0]
+    wirelen = next(iter(RawPcapReader(str(ok))))[1].wirelen
+    want = [{"query": q, "t": first["time"] // 60, "src_ip": first["src_ip"],
+             "dst_ip": first["dst_ip"], "bytes": wirelen, "pkts": 1}
+            for q, where in WHERE.items() if where(first)]
+    assert want
+    assert [json.loads(line) for line in out.stdout.splitlines()] == want
 
 
 def test_replay_selection_topn_and_regexp(spark, tmp_path):
