@@ -81,3 +81,67 @@ PROTOCOLS = {"TCP": 6, "UDP": 17, "ICMP": 1, "ICMP6": 58, "IGMP": 2, "EIGRP": 88
 def flags_text(v: int) -> str:
     """nfdump's %flg: CWR ECE URG ACK PSH RST SYN FIN, '.' where unset."""
     return "".join(c if v & (0x80 >> i) else "." for i, c in enumerate(FLAGS))
+
+
+# tshark cflow field -> flows catalogue field (the values both decode from the same element)
+SHARK_FIELDS = {
+    "cflow.srcaddr": "src_ip", "cflow.srcaddrv6": "src_ip",
+    "cflow.dstaddr": "dst_ip", "cflow.dstaddrv6": "dst_ip",
+    "cflow.nexthop": "next_hop", "cflow.nexthopv6": "next_hop",
+    "cflow.srcport": "src_port", "cflow.dstport": "dst_port", "cflow.protocol": "protocol",
+    "cflow.tos": "tos", "cflow.tcpflags": "tcp_flags",
+    "cflow.packets": "packets", "cflow.packets64": "packets",
+    "cflow.octets": "bytes", "cflow.octets64": "bytes",
+    "cflow.inputint": "input_if", "cflow.outputint": "output_if",
+    "cflow.srcas": "src_as", "cflow.dstas": "dst_as",
+    "cflow.srcmask": "src_mask", "cflow.dstmask": "dst_mask",
+    "cflow.srcmaskv6": "src_mask", "cflow.dstmaskv6": "dst_mask",
+    "cflow.direction": "direction", "cflow.ip_version": "ip_version",
+}
+
+
+def tshark_flows(path: Path, ports=FLOW_PORTS) -> list[dict]:
+    """Every flow record tshark's cflow dissector decodes, as {catalogue field: value} over the
+    fields of SHARK_FIELDS the record has (options data records are left out)."""
+    import json
+    args = ["tshark", "-2", "-n", "-r", str(path), "-T", "json", "--no-duplicate-keys"]
+    for p in ports:
+        args += ["-d", f"udp.port=={p},cflow"]
+    doc = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+    cflows = []
+    for pkt in doc:
+        layers = pkt["_source"]["layers"].get("cflow", [])
+        cflows += layers if isinstance(layers, list) else [layers]
+    options = {int(m.group(1)) for c in cflows for key in c
+               if (m := re.search(r"\(Options Template\): (\d+)$", key))}
+    out = []
+    for cflow in cflows:
+        for key, value in cflow.items():
+            if key.startswith("pdu "):  # a v5 record
+                out.append(_shark_record(value))
+            m = re.match(r"(?:Flow)?Set \d+ \[id=(\d+)\] \(\d+ flows?\)", key)
+            if not m or int(m.group(1)) in options:
+                continue
+            for sets in value if isinstance(value, list) else [value]:
+                for name, rec in sets.items():
+                    if name.startswith("Flow ") and isinstance(rec, dict):
+                        out.append(_shark_record(rec))
+    return out
+
+
+def _shark_record(rec: dict) -> dict:
+    r = {}
+    for key, field in SHARK_FIELDS.items():
+        if key not in rec:
+            continue
+        v = rec[key]
+        if isinstance(v, list):  # an element twice in a template: tshark shows both
+            v = v[0]
+        if field.endswith(("_ip", "next_hop")):
+            # a template with both IPv4 and IPv6 addresses (Cisco) fills one family and
+            # zeroes the other: the record's address is the one that is set
+            if field not in r or r[field] in ("0.0.0.0", "::"):
+                r[field] = v
+        else:
+            r[field] = int(v, 0)
+    return r

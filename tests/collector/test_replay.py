@@ -179,3 +179,36 @@ def test_replay_flows_equals_nfdump(spark, tmp_path):
     assert got == want
     got443 = sorted((r["src_ip"], r["dst_ip"], r["bytes"]) for r in answers["tcp443"])
     assert got443 == sorted(want443) and got443
+
+
+def _nfdump_aggregated(path) -> dict[tuple[str, str], tuple[int, int, int]]:
+    """``nfdump -A srcip,dstip`` text: (src, dst) -> (flows, packets, bytes)."""
+    out = {}
+    for line in path.read_text().splitlines()[1:]:
+        if line.startswith("Summary:"):
+            break
+        cols = line.split()  # date, time, duration, src, dst, packets, bytes, bps, bpp, flows
+        out[(cols[3], cols[4])] = (int(cols[9]), int(cols[5]), int(cols[6]))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("export", ["ok-v5", "ok-v9", "ok-v10", "test-v5", "test-v9",
+                                    "test-v10"])
+def test_replay_flows_group_by_equals_nfdump_aggregation(export, spark, tmp_path):
+    """A FROM flows GROUP BY src_ip, dst_ip (one day-long window: every record of the export)
+    equals nfdump's own aggregation of the same export (`nfdump -A srcip,dstip`)."""
+    from tests.conftest import flow_data
+    base = f"softflowd-generated/softflowd-{export}"
+    queries = parse_queries(
+        "-- name: pairs\nSELECT time/86400 AS d, src_ip, dst_ip, count(*) AS flows, "
+        "sum(packets) AS pkts, sum(bytes) AS bytes FROM flows "
+        "GROUP BY time/86400, src_ip, dst_ip")
+    res = replay(flow_data(f"{base}-export.pcap"), queries, tmp_path, spark)
+    assert res.error is None
+    want = _nfdump_aggregated(flow_data(f"{base}-nfdump-A-srcip-dstip.txt"))
+    (q, table), = res.answers
+    rows = rows_of(q, table)
+    assert len({r["d"] for r in rows}) == 1
+    assert {(r["src_ip"], r["dst_ip"]): (r["flows"], r["pkts"], r["bytes"]) for r in rows} == want
+    assert want
