@@ -16,15 +16,13 @@ import ctypes.util
 import socket
 from functools import lru_cache
 
+from capture.errors import FilterError
+
 SO_ATTACH_FILTER = 26
 SO_DETACH_FILTER = 27
 BPF_MAXINSNS = 4096
 DLT_EN10MB = 1
 TAGGED_ETHERTYPES = (0x8100, 0x88A8, 0x9100, 0x8847, 0x8848)
-
-
-class BpfError(ValueError):
-    """An expression libpcap refuses, or no libpcap."""
 
 
 class _Insn(ctypes.Structure):
@@ -42,8 +40,9 @@ def _libpcap():
     try:
         lib = ctypes.CDLL(name)
     except OSError as e:
-        raise BpfError("libpcap is needed to compile kernel filters (apt-get install -y "
-                       "libpcap0.8), or turn the source's bpf option off") from e
+        raise FilterError("libpcap is needed to compile kernel filters (apt-get install -y "
+                          "libpcap0.8), or turn the source's bpf option off",
+                          kind="no_libpcap") from e
     lib.pcap_open_dead.restype = ctypes.c_void_p
     lib.pcap_open_dead.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.pcap_compile.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Program), ctypes.c_char_p,
@@ -79,13 +78,14 @@ class Filter:
         prog = _Program()
         try:
             if lib.pcap_compile(handle, ctypes.byref(prog), expr.encode(), 1, 0xFFFFFFFF) != 0:
-                raise BpfError(f"bad filter expression {expr!r}: "
-                               f"{lib.pcap_geterr(handle).decode(errors='replace')}")
+                raise FilterError(f"bad filter expression {expr!r}: "
+                                  f"{lib.pcap_geterr(handle).decode(errors='replace')}",
+                                  kind="bad_filter")
             n = prog.bf_len
             if n > BPF_MAXINSNS:
                 lib.pcap_freecode(ctypes.byref(prog))
-                raise BpfError(f"filter has {n} instructions, the kernel takes at most "
-                               f"{BPF_MAXINSNS}")
+                raise FilterError(f"filter has {n} instructions, the kernel takes at most "
+                                  f"{BPF_MAXINSNS}", kind="filter_too_long")
             self.insns = (_Insn * n)(*[prog.bf_insns[i] for i in range(n)])
             lib.pcap_freecode(ctypes.byref(prog))
         finally:

@@ -6,6 +6,7 @@ are all derived from this table; nothing else re-types a field.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -169,3 +170,55 @@ def measures(stream: str) -> list[Field]:
 # Row index of every packets integer field in a TupleBatch's int matrix, in catalogue order.
 PACKET_INT_FIELDS: tuple[str, ...] = tuple(f.name for f in PACKET_FIELDS if f.kind == INT32)
 PACKET_INT_INDEX: dict[str, int] = {name: i for i, name in enumerate(PACKET_INT_FIELDS)}
+
+
+# -- IP addresses as the catalogue holds them: 16 bytes, IPv4 as IPv4-mapped (::ffff:a.b.c.d),
+# or as a 128-bit integer of the same bytes (predicates, prefixes). The one set of conversions.
+IPV4_MAPPED = b"\0" * 10 + b"\xff\xff"
+
+
+def ip_bytes(text: str) -> bytes:
+    """An IPv4 or IPv6 address (a zone after % is dropped) as 16 bytes, IPv4-mapped."""
+    addr = ipaddress.ip_address(text.split("%", 1)[0])
+    return IPV4_MAPPED + addr.packed if addr.version == 4 else addr.packed
+
+
+def ip_text(b: bytes | None) -> str | None:
+    """Dotted quad for an IPv4-mapped address, RFC 5952 otherwise (None stays None)."""
+    if b is None:
+        return None
+    if len(b) != 16:
+        return b.hex()
+    if b[:12] == IPV4_MAPPED:
+        return ".".join(str(x) for x in b[12:])
+    return str(ipaddress.IPv6Address(b))
+
+
+def ip_int(text: str) -> int:
+    """An address as a 128-bit integer (IPv4 as IPv4-mapped)."""
+    return int.from_bytes(ip_bytes(text), "big")
+
+
+def parse_prefix(text: str) -> tuple[int, int]:
+    """'10.0.0.0/8' or '2001:db8::/32' as (network over 128 bits, prefix length over 128)."""
+    net = ipaddress.ip_network(text, strict=False)
+    if net.version == 4:
+        return (0xFFFF << 32) | int(net.network_address), 96 + net.prefixlen
+    return int(net.network_address), net.prefixlen
+
+
+def prefix_network(value: int, length: int) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """A 128-bit prefix as the network users write: IPv4-mapped prefixes become IPv4 nets."""
+    if value >> 32 == 0xFFFF and length >= 96:
+        return ipaddress.IPv4Network((value & 0xFFFFFFFF, length - 96))
+    return ipaddress.IPv6Network((value, length))
+
+
+def prefix_mask(length: int) -> int:
+    """The 128-bit mask of a prefix length over 128."""
+    return ((1 << 128) - 1) ^ ((1 << (128 - length)) - 1)
+
+
+def split128(value: int) -> tuple[int, int]:
+    """A 128-bit address or mask as its (high, low) 64-bit words, as numba compares them."""
+    return value >> 64, value & ((1 << 64) - 1)

@@ -9,6 +9,7 @@ large (``SO_RCVBUFFORCE`` when permitted, else ``SO_RCVBUF`` up to ``net.core.rm
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
@@ -16,10 +17,11 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from capture.fields import ip_bytes
 from capture.netflow import Datagrams
 
 SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
@@ -51,7 +53,12 @@ class ListenerStats:
     datagrams: int = 0
     bytes: int = 0
     kernel_drops: int = 0  # receive-buffer overflows (SO_RXQ_OVFL), all sockets
-    truncated: int = 0  # datagrams larger than the receive slot (never with 64 KiB slots)
+    # receive failures by reason: "truncated" (a datagram larger than its 64 KiB slot) or the
+    # errno name of a failed recvmsg (ECONNREFUSED after an ICMP error, ENOMEM, …)
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def count(self, reason: str) -> None:
+        self.errors[reason] = self.errors.get(reason, 0) + 1
 
 
 class FlowListener:
@@ -126,10 +133,7 @@ class FlowListener:
     def _exporter(self, host: str) -> bytes:
         b = self._addr_cache.get(host)
         if b is None:
-            if ":" in host:
-                b = socket.inet_pton(socket.AF_INET6, host.split("%")[0])
-            else:
-                b = b"\0" * 10 + b"\xff\xff" + socket.inet_aton(host)
+            b = ip_bytes(host)
             if len(self._addr_cache) > 65536:
                 self._addr_cache.clear()
             self._addr_cache[host] = b
@@ -169,14 +173,15 @@ class FlowListener:
                                 [view[pos:pos + MAX_DATAGRAM]], cmsg_size)
                         except BlockingIOError:
                             break
-                        except OSError:
+                        except OSError as e:  # counted, never swallowed; the socket lives on
+                            self.stats.count(errno.errorcode.get(e.errno, f"errno_{e.errno}"))
                             break
                         for level, kind, data in anc:
                             if level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and \
                                     len(data) >= 4:
                                 self._drops[fd] = struct.unpack("=I", data[:4])[0]
                         if flags & socket.MSG_TRUNC:
-                            self.stats.truncated += 1
+                            self.stats.count("truncated")
                             continue
                         offs.append(pos)
                         lens.append(nbytes)

@@ -144,6 +144,84 @@ def _l4(buf, p, end, proto, ints, want, i, want_dns, want_qname, qn_len, qn_buf)
         _put(ints, want, C_ICC, i, buf[p + 1])
 
 
+@nb.njit(cache=True, inline="always")
+def link_walk(buf, p, end, linktype):
+    """The link layer of one frame (Ethernet, 802.1Q/802.1ad/QinQ tags, MPLS labels, Linux cooked
+    v1/v2, raw IP, BSD loopback): (EtherType after the tags and labels or -1, offset of the network
+    header, outer VLAN, inner VLAN, top MPLS label; -1 where absent). The offset is -1 when the
+    frame is too short for its link header or the link type is unknown. The one walk: packets
+    (unpack) and export datagrams (capture/netflow) both use it."""
+    vlan = -1
+    vlan2 = -1
+    mpls = -1
+    et = -1
+    if linktype == 1:
+        if p + 14 > end:
+            return -1, -1, vlan, vlan2, mpls
+        et = _be16(buf, p + 12)
+        p += 14
+    elif linktype == 113:
+        if p + 16 > end:
+            return -1, -1, vlan, vlan2, mpls
+        et = _be16(buf, p + 14)
+        p += 16
+    elif linktype == 276:
+        if p + 20 > end:
+            return -1, -1, vlan, vlan2, mpls
+        et = _be16(buf, p)
+        p += 20
+    elif linktype == 101 or linktype == 12:
+        if p + 1 > end:
+            return -1, -1, vlan, vlan2, mpls
+        v = buf[p] >> 4
+        et = 0x0800 if v == 4 else (0x86DD if v == 6 else -1)
+    elif linktype == 0 or linktype == 108:
+        if p + 4 > end:
+            return -1, -1, vlan, vlan2, mpls
+        # DLT_NULL is in the capturing host's byte order, DLT_LOOP in network order;
+        # accept either, as libpcap and dpkt do; IPv6 is 24, 28 or 30 (BSDs, macOS)
+        le = _be32(buf, p) if linktype == 108 else (
+            np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8) | (np.int64(buf[p + 2]) << 16) |
+            (np.int64(buf[p + 3]) << 24))
+        be = _be32(buf, p)
+        if le == 2 or be == 2:
+            et = 0x0800
+        elif le == 24 or le == 28 or le == 30 or be == 24 or be == 28 or be == 30:
+            et = 0x86DD
+        p += 4
+    else:
+        return -1, -1, vlan, vlan2, mpls
+    # VLAN tags (802.1Q, 802.1ad, old QinQ)
+    tags = 0
+    while (et == 0x8100 or et == 0x88A8 or et == 0x9100) and p + 4 <= end:
+        tci = _be16(buf, p) & 0x0FFF
+        if tags == 0:
+            vlan = tci
+        elif tags == 1:
+            vlan2 = tci
+        tags += 1
+        et = _be16(buf, p + 2)
+        p += 4
+    # MPLS label stack; the payload's first nibble tells IPv4 from IPv6
+    if et == 0x8847 or et == 0x8848:
+        top = True
+        while p + 4 <= end:
+            if top:
+                mpls = np.int32(_be32(buf, p) >> 12)
+                top = False
+            bos = buf[p + 2] & 1
+            p += 4
+            if bos:
+                break
+        if p < end:
+            v = buf[p] >> 4
+            if v == 4:
+                et = 0x0800
+            elif v == 6:
+                et = 0x86DD
+    return et, p, vlan, vlan2, mpls
+
+
 @nb.njit(cache=True)
 def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_src, want_dst,
                    walk_ip, walk_l4, want_dns, want_qname, ints, src, dst, qn_len, qn_buf):
@@ -163,74 +241,15 @@ def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_s
         _put(ints, want, C_IFACE, i, ifaces[i])
         _put(ints, want, C_CAPLEN, i, caplen[i])
         _put(ints, want, C_WIRELEN, i, wirelen[i])
-        et = -1
-        # --- link layer
-        if linktype == 1:
-            if p + 14 > end:
-                continue
-            et = _be16(buf, p + 12)
-            p += 14
-        elif linktype == 113:
-            if p + 16 > end:
-                continue
-            et = _be16(buf, p + 14)
-            p += 16
-        elif linktype == 276:
-            if p + 20 > end:
-                continue
-            et = _be16(buf, p)
-            p += 20
-        elif linktype == 101 or linktype == 12:
-            if p + 1 > end:
-                continue
-            v = buf[p] >> 4
-            et = 0x0800 if v == 4 else (0x86DD if v == 6 else -1)
-        elif linktype == 0 or linktype == 108:
-            if p + 4 > end:
-                continue
-            # DLT_NULL is in the capturing host's byte order, DLT_LOOP in network order;
-            # accept either, as libpcap and dpkt do; IPv6 is 24, 28 or 30 (BSDs, macOS)
-            le = _be32(buf, p) if linktype == 108 else (
-                np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8) | (np.int64(buf[p + 2]) << 16) |
-                (np.int64(buf[p + 3]) << 24))
-            be = _be32(buf, p)
-            if le == 2 or be == 2:
-                et = 0x0800
-            elif le == 24 or le == 28 or le == 30 or be == 24 or be == 28 or be == 30:
-                et = 0x86DD
-            else:
-                et = -1
-            p += 4
-        else:
+        et, p, vlan, vlan2, mpls = link_walk(buf, p, end, linktype)
+        if p < 0:
             continue
-        # --- VLAN tags (802.1Q, 802.1ad, old QinQ)
-        tags = 0
-        while (et == 0x8100 or et == 0x88A8 or et == 0x9100) and p + 4 <= end:
-            tci = _be16(buf, p) & 0x0FFF
-            if tags == 0:
-                _put(ints, want, C_VLAN, i, tci)
-            elif tags == 1:
-                _put(ints, want, C_VLAN2, i, tci)
-            tags += 1
-            et = _be16(buf, p + 2)
-            p += 4
-        # --- MPLS label stack; the payload's first nibble tells IPv4 from IPv6
-        if et == 0x8847 or et == 0x8848:
-            top = True
-            while p + 4 <= end:
-                if top:
-                    _put(ints, want, C_MPLS, i, np.int32(_be32(buf, p) >> 12))
-                    top = False
-                bos = buf[p + 2] & 1
-                p += 4
-                if bos:
-                    break
-            if p < end:
-                v = buf[p] >> 4
-                if v == 4:
-                    et = 0x0800
-                elif v == 6:
-                    et = 0x86DD
+        if vlan >= 0:
+            _put(ints, want, C_VLAN, i, vlan)
+        if vlan2 >= 0:
+            _put(ints, want, C_VLAN2, i, vlan2)
+        if mpls >= 0:
+            _put(ints, want, C_MPLS, i, mpls)
         _put(ints, want, C_ETH, i, et)
         if not walk_ip:
             continue

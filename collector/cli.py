@@ -159,8 +159,8 @@ def _cell(kind: str, v, for_json: bool):
     if v is None:
         return None if for_json else ""
     if kind == IP:
-        from collector.results import format_ip
-        return format_ip(v)
+        from capture.fields import ip_text
+        return ip_text(v)
     if kind == TS:
         s = f"{v // 1_000_000_000}.{v % 1_000_000_000:09d}"
         return float(s) if for_json else s

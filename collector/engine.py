@@ -30,6 +30,7 @@ from collector.spool import (
     select_schema,
 )
 from planner.plan import Plan
+from planner.slots import has_slot, slot_mask
 
 
 @dataclass
@@ -53,12 +54,6 @@ class _Compiled:
     folders: list[FolderPlan]
     names: dict[int, str]
 
-
-def _slot_mask(slots: list[int], words: int) -> np.ndarray:
-    m = np.zeros(words, dtype=np.uint64)
-    for s in slots:
-        m[s >> 6] |= np.uint64(1) << np.uint64(s & 63)
-    return m
 
 
 class Engine:
@@ -179,7 +174,7 @@ class Engine:
         tb = tb.take(np.flatnonzero(keep))
         Q = Q[keep]
         for slot, name in c.names.items():
-            hits = int(((Q[:, slot >> 6] >> np.uint64(slot & 63)) & np.uint64(1)).sum())
+            hits = int(has_slot(Q, slot).sum())
             if hits:
                 self.metrics.query_matched.labels(name).inc(hits)
         self.batch_seq += 1
@@ -206,7 +201,7 @@ class Engine:
         ws_all = (tb.time // fp.period) * fp.period * 1_000_000
         meas = {m.name: tb.column(m.name).astype(np.int64) for m in measures(self.stream)}
         for node_id, (keys, slots) in enumerate(fp.nodes):
-            mask = _slot_mask(slots, Q.shape[1])
+            mask = slot_mask(slots, Q.shape[1])
             q = Q & mask
             rows = np.flatnonzero(q.any(axis=1))
             if not len(rows):
@@ -233,7 +228,7 @@ class Engine:
 
     def _select_rows(self, c, fp: FolderPlan, tb: TupleBatch, Q: np.ndarray) -> pa.Table | None:
         schema = select_schema(self.stream)
-        q = Q & _slot_mask(fp.slots, Q.shape[1])
+        q = Q & slot_mask(fp.slots, Q.shape[1])
         rows = np.flatnonzero(q.any(axis=1))
         if not len(rows):
             return None

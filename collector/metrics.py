@@ -49,6 +49,10 @@ class Metrics:
             "Packets or datagrams the kernel dropped: capture ring full (PACKET_STATISTICS) or "
             "socket receive buffer full (SO_RXQ_OVFL)",
             ["source"], registry=r)
+        self.receive_errors = Counter(
+            "flowsieve_flow_receive_errors",
+            "Datagrams a flow listener failed to receive, by reason (truncated, errno name)",
+            ["source", "reason"], registry=r)
         self.flows_in = Counter("flowsieve_flows_in", "Flow records decoded from exports",
                                 ["source"], registry=r)
         self.flow_datagrams = Counter("flowsieve_flow_datagrams",

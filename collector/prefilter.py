@@ -12,13 +12,13 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
-from capture.fields import IP, fields
+from capture.fields import IP, fields, prefix_mask, split128
 from capture.unpack import TupleBatch
 from planner.asc import ASC, hybrid_arrows, macro_sequence, qrb_words, qub_words
 from planner.plan import Plan
+from planner.slots import n_words
 
 OPS = {"=": 0, "!=": 1, "<": 2, "<=": 3, ">": 4, ">=": 5, "in": 6, "between": 7, "prefix": 8}
-MASK64 = (1 << 64) - 1
 
 
 @dataclass
@@ -67,7 +67,7 @@ class CompiledPrefilter:
 
     @property
     def q_words(self) -> int:
-        return max(1, (self.n_slots + 63) // 64)
+        return n_words(self.n_slots)
 
 
 def compile_prefilter(plan: Plan, stream: str) -> CompiledPrefilter:
@@ -95,8 +95,7 @@ def compile_prefilter(plan: Plan, stream: str) -> CompiledPrefilter:
             a_neg.append(a.negated)
             if a.op == "prefix":
                 value, length = a.values
-                mask = (MASK64 << 64 | MASK64) ^ ((1 << (128 - length)) - 1)
-                a_ip.append((value >> 64, value & MASK64, mask >> 64, mask & MASK64))
+                a_ip.append((*split128(value), *split128(prefix_mask(length))))
                 a_v.append((0, 0))
             elif a.op == "in":
                 a_v.append((len(set_vals), len(a.values)))
@@ -123,8 +122,9 @@ def compile_prefilter(plan: Plan, stream: str) -> CompiledPrefilter:
         asc_clen.append(len(a.constants))
         for c in a.constants:
             c_int.append(0 if is_ip else c)
-            c_hi.append(c >> 64 if is_ip else 0)
-            c_lo.append(c & MASK64 if is_ip else 0)
+            hi, lo = split128(c) if is_ip else (0, 0)
+            c_hi.append(hi)
+            c_lo.append(lo)
     # integer ASCs whose constants are below 2^16 (ports, TTL, protocol, VLAN) get a table
     # value -> region: one load instead of a binary search
     asc_tstart, asc_tlen, tables = [], [], []
@@ -161,8 +161,8 @@ def compile_prefilter(plan: Plan, stream: str) -> CompiledPrefilter:
         np.array(asc_is_ip, np.bool_),
         np.array(asc_col, np.int32), np.array(asc_cstart, np.int32),
         np.array(asc_clen, np.int32), np.array(c_int, np.int64), np.array(c_hi, np.uint64),
-        np.array(c_lo, np.uint64), qrb_words(ascs, max(1, (n_slots + 63) // 64)),
-        qub_words(ascs, max(1, (n_slots + 63) // 64)), np.array(asc_tstart, np.int64),
+        np.array(c_lo, np.uint64), qrb_words(ascs, n_words(n_slots)),
+        qub_words(ascs, n_words(n_slots)), np.array(asc_tstart, np.int64),
         np.array(asc_tlen, np.int64), r_table)
 
 
@@ -581,7 +581,7 @@ def run_prefilter(cp: CompiledPrefilter, tb: TupleBatch, asc: AscRuntime | None 
     ASCs (in the runtime's adaptive sequence, or in plan order)."""
     n = len(tb)
     ints, ip_hi, ip_lo, ip_ok = kernel_inputs(cp, tb)
-    B = np.zeros((n if want_b else 0, max(1, (len(cp.b_start) + 63) // 64)), dtype=np.uint64)
+    B = np.zeros((n if want_b else 0, n_words(len(cp.b_start))), dtype=np.uint64)
     Q = np.zeros((n, cp.q_words), dtype=np.uint64)
     prefilter_kernel(ints, ip_hi, ip_lo, ip_ok, cp.a_col, cp.a_op, cp.a_neg, cp.a_v, cp.a_ip,
                      cp.set_vals, cp.p_start, cp.p_len, cp.b_start, cp.b_len, cp.b_preds,

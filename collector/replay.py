@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from capture.errors import DecodeError
-from capture.netflow import Decoder, capture_flows
+from capture.netflow import DEFAULT_FLOW_PORTS, Decoder, capture_flows
 from capture.pcap import open_capture
 from collector.config import AscConfig
 from collector.engine import Engine
@@ -18,8 +18,6 @@ from collector.results import read_results
 from collector.spool import Spool
 from planner.plan import Plan, build_plan
 from planner.query import Query
-
-DEFAULT_FLOW_PORTS = (2055, 4739, 9995, 9996)
 
 
 class ReplayResult:

@@ -11,12 +11,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from capture.fields import IP, STRING, fields
+from capture.fields import IP, STRING, fields, prefix_mask, split128
 from capture.unpack import TupleBatch
+from collector.prefilter import ip_words
 from planner.plan import Plan
 from planner.query import Atom, Predicate
-
-MASK64 = (1 << 64) - 1
+from planner.slots import clear_slot, has_slot
 
 
 @lru_cache(maxsize=1024)
@@ -44,11 +44,10 @@ def eval_atom(a: Atom, stream: str, tb: TupleBatch, rows: np.ndarray) -> np.ndar
         return (hit != a.negated) & valid
     if kind == IP:
         value, length = a.values
-        mask = (MASK64 << 64 | MASK64) ^ ((1 << (128 - length)) - 1)
-        words = np.ascontiguousarray(tb.column(a.field)[rows]).view(">u8").reshape(-1, 2)
-        hi, lo = words[:, 0].astype(np.uint64), words[:, 1].astype(np.uint64)
-        hit = ((hi & np.uint64(mask >> 64)) == np.uint64(value >> 64)) & \
-            ((lo & np.uint64(mask & MASK64)) == np.uint64(value & MASK64))
+        (v_hi, v_lo), (m_hi, m_lo) = split128(value), split128(prefix_mask(length))
+        hi, lo = ip_words(tb.column(a.field)[rows])
+        hit = ((hi & np.uint64(m_hi)) == np.uint64(v_hi)) & \
+            ((lo & np.uint64(m_lo)) == np.uint64(v_lo))
         return (hit != a.negated) & tb.ip_valid()[rows]
     x = tb.column(a.field)[rows].astype(np.int64)
     valid = x >= 0
@@ -94,7 +93,7 @@ class Residual:
             slots = self.users[pid]
             need = np.zeros(len(tb), dtype=bool)
             for s in slots:
-                need |= (Q[:, s >> 6] >> np.uint64(s & 63)) & np.uint64(1) == 1
+                need |= has_slot(Q, s)
             rows = np.flatnonzero(need)
             if not len(rows):
                 continue
@@ -102,4 +101,4 @@ class Residual:
             self.evaluated += len(rows)
             fail = rows[~ok]
             for s in slots:
-                Q[fail, s >> 6] &= ~(np.uint64(1) << np.uint64(s & 63))
+                clear_slot(Q, fail, s)

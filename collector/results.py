@@ -3,7 +3,6 @@ ORDER BY … LIMIT per window), their Parquet folders, and the output formats of
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import operator
 import os
@@ -16,25 +15,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from capture.fields import IP, TS, fields
+from capture.fields import IP, TS, fields, ip_text
 from planner.query import Query
 
 CMP = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
        ">": operator.gt, ">=": operator.ge}
 
 
-def format_ip(b: bytes | None) -> str | None:
-    """Dotted quad for IPv4-mapped addresses, RFC 5952 otherwise."""
-    if b is None:
-        return None
-    if len(b) != 16:
-        return b.hex()
-    addr = ipaddress.IPv6Address(b)
-    return str(addr.ipv4_mapped) if addr.ipv4_mapped else str(addr)
-
-
 def _ip_strings(arr: pa.Array) -> pa.Array:
-    return pa.array([format_ip(v) for v in arr.to_pylist()], pa.string())
+    return pa.array([ip_text(v) for v in arr.to_pylist()], pa.string())
 
 
 def finalize(query: Query, merged: pa.Table) -> pa.Table:
@@ -152,7 +141,7 @@ def _jsonable(v):
     if hasattr(v, "timestamp"):
         return v.timestamp()
     if isinstance(v, bytes):
-        return format_ip(v)
+        return ip_text(v)
     return v
 
 

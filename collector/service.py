@@ -126,12 +126,18 @@ class Collector:
         self.metrics.kernel_drops.labels(name)
         self.metrics.flow_datagrams.labels(name)
 
+        errors: dict[str, int] = {}
+
         def update(st) -> None:
             if st.datagrams > seen[0]:
                 self.metrics.flow_datagrams.labels(name).inc(st.datagrams - seen[0])
             if st.kernel_drops > seen[1]:
                 self.metrics.kernel_drops.labels(name).inc(st.kernel_drops - seen[1])
             seen[0], seen[1] = max(seen[0], st.datagrams), max(seen[1], st.kernel_drops)
+            for reason, n in list(st.errors.items()):
+                if n > errors.get(reason, 0):
+                    self.metrics.receive_errors.labels(name, reason).inc(n - errors.get(reason, 0))
+                    errors[reason] = n
         return update
 
     def _flow_counters(self, src) -> None:

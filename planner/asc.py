@@ -26,6 +26,7 @@ import numpy as np
 
 from capture.fields import INT32, INT64, IP, fields
 from planner.query import Predicate
+from planner.slots import slot_bit
 
 RANGE_OPS = {"<", "<=", ">", ">=", "between"}
 
@@ -178,7 +179,8 @@ def qub_words(ascs: list[ASC], words: int) -> np.ndarray:
     out = np.zeros((len(ascs), words), dtype=np.uint64)
     for i, a in enumerate(ascs):
         for s in a.slots:
-            out[i, s >> 6] |= np.uint64(1) << np.uint64(s & 63)
+            w, bit = slot_bit(s)
+            out[i, w] |= bit
     return out
 
 
@@ -245,10 +247,7 @@ def macro_sequence(ascs: list[ASC], qrb: np.ndarray, R: np.ndarray, Q0: np.ndarr
     if n_asc == 0:
         return []
     words = Q0.shape[1]
-    qub = np.zeros((n_asc, words), dtype=np.uint64)
-    for i, a in enumerate(ascs):
-        for s in a.slots:
-            qub[i, s >> 6] |= np.uint64(1) << np.uint64(s & 63)
+    qub = qub_words(ascs, words)
     n = len(R)
     if n == 0:
         return sorted(range(n_asc), key=lambda i: (-len(ascs[i].slots), i))

@@ -14,8 +14,7 @@ An empty expression means no filter: some query accepts packets no BPF clause ca
 
 from __future__ import annotations
 
-import ipaddress
-
+from capture.fields import prefix_network
 from planner.query import Atom, Predicate, Query
 
 IPV6_EXTENSION_HEADERS = (0, 43, 44, 51, 60)  # hop-by-hop, routing, fragment, AH, dst options
@@ -29,11 +28,8 @@ _BYTES = {
 
 def _net(value: int, length: int) -> tuple[str, str]:
     """(qualifier, network) of a 128-bit prefix: IPv4-mapped prefixes become IPv4 nets."""
-    if value >> 32 == 0xFFFF and length >= 96:
-        net = ipaddress.IPv4Network((value & 0xFFFFFFFF, length - 96))
-        return "ip", f"{net.network_address}/{net.prefixlen}"
-    net = ipaddress.IPv6Network((value, length))
-    return "ip6", f"{net.network_address}/{net.prefixlen}"
+    net = prefix_network(value, length)
+    return ("ip" if net.version == 4 else "ip6"), f"{net.network_address}/{net.prefixlen}"
 
 
 def _range(op: str, values: tuple) -> tuple[int, int] | None:

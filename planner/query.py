@@ -7,7 +7,6 @@ Every error names the line, column and reason.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import dataclass, field
 
@@ -16,7 +15,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Tokenizer, TokenType
 
-from capture.fields import INT32, INT64, IP, STRING, fields
+from capture.fields import INT32, INT64, IP, STRING, fields, ip_int, parse_prefix, prefix_network
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 NAME_LINE_RE = re.compile(r"^\s*--\s*name:\s*(\S+)\s*$")
@@ -181,27 +180,8 @@ def _lit(v) -> str:
     return f"'{v}'" if isinstance(v, str) else str(v)
 
 
-def ip_to_int(text: str) -> int:
-    """An address as a 128-bit integer (IPv4 as IPv4-mapped)."""
-    addr = ipaddress.ip_address(text)
-    if addr.version == 4:
-        return (0xFFFF << 32) | int(addr)
-    return int(addr)
-
-
-def parse_prefix(text: str) -> tuple[int, int]:
-    """'10.0.0.0/8' or '2001:db8::/32' as (network over 128 bits, prefix length over 128)."""
-    net = ipaddress.ip_network(text, strict=False)
-    if net.version == 4:
-        return (0xFFFF << 32) | int(net.network_address), 96 + net.prefixlen
-    return int(net.network_address), net.prefixlen
-
-
 def format_prefix(value: int, length: int) -> str:
-    if value >> 32 == 0xFFFF and length >= 96:
-        net = ipaddress.IPv4Network((value & 0xFFFFFFFF, length - 96))
-    else:
-        net = ipaddress.IPv6Network((value, length))
+    net = prefix_network(value, length)
     if net.prefixlen == net.max_prefixlen:
         return str(net.network_address)
     return str(net)
@@ -523,7 +503,7 @@ class _Builder:
             if kind == IP:
                 if op not in ("=", "!="):
                     raise self.err(f"{f} supports =, !=, IN and in_prefix(), not {op}", node)
-                return Atom(f, "prefix", (ip_to_int(self.ip_literal(right)), 128), op == "!=")
+                return Atom(f, "prefix", (ip_int(self.ip_literal(right)), 128), op == "!=")
             return Atom(f, op, (self.value(f, right),))
         if isinstance(node, exp.In):
             f = self.field_name(node.this)
@@ -573,7 +553,7 @@ class _Builder:
         if not (isinstance(node, exp.Literal) and node.is_string):
             raise self.err("an address is written as a quoted string, e.g. '10.0.0.1'", node)
         try:
-            ip_to_int(node.this)
+            ip_int(node.this)
         except ValueError as e:
             raise self.err(f"bad address {node.this!r}", node) from e
         return node.this

@@ -3,6 +3,7 @@ nfcapd in the same test."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -137,3 +138,45 @@ def test_live_softflowd_to_flowsieve_and_nfcapd(version, tmp_path):
     assert len(got) == len(want) > 0
     assert got == want
     assert not d.errors
+
+
+class _FailingOnce:
+    """A listener socket whose first receive fails as the kernel can (ENOBUFS): fault injection
+    around the real socket, which then goes on receiving."""
+
+    def __init__(self, sock):
+        self.sock, self.failed = sock, False
+
+    def fileno(self):
+        return self.sock.fileno()
+
+    def recvmsg_into(self, *args):
+        if not self.failed:
+            self.failed = True
+            raise OSError(errno.ENOBUFS, "No buffer space available")
+        return self.sock.recvmsg_into(*args)
+
+    def close(self):
+        self.sock.close()
+
+
+def test_receive_errors_are_counted_and_receiving_goes_on():
+    v5 = read_hex(HEX / "PACKET_V5.hex")[0]
+    lst = FlowListener(["127.0.0.1:0"], rcvbuf=1 << 20)
+    lst.open()
+    lst.socks = [_FailingOnce(s) for s in lst.socks]
+    d, out, stop = Decoder(), [], threading.Event()
+    t = threading.Thread(target=_collect, args=(lst, d, stop, out))
+    t.start()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _ in range(5):
+            s.sendto(v5, lst.bound[0])
+            time.sleep(0.05)
+    deadline = time.monotonic() + 10
+    while lst.stats.datagrams < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    t.join()
+    lst.close()
+    assert lst.stats.errors == {"ENOBUFS": 1}
+    assert lst.stats.datagrams == 5 and len(FlowBatch.concat(out)) == 15

@@ -501,3 +501,65 @@ def _in_order(rows: list[dict], want: list[dict]) -> list[dict]:
         k = next((i for i, r in enumerate(left) if all(r[f] == v for f, v in w.items())), 0)
         out.append(left.pop(k))
     return out
+
+
+def _link_frames(payload: bytes):
+    """(name, linktype, frame) of one export datagram behind each link layer unpack knows."""
+    from scapy.compat import raw
+    from scapy.contrib.mpls import MPLS
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.inet6 import IPv6
+    from scapy.layers.l2 import CookedLinux, CookedLinuxV2, Dot1AD, Dot1Q, Ether
+    udp = UDP(sport=40000, dport=2055) / payload
+    v4 = IP(src="192.0.2.7", dst="192.0.2.2") / udp
+    v6 = IPv6(src="2001:db8::7", dst="2001:db8::2") / udp
+    yield "ether", 1, raw(Ether() / v4), "192.0.2.7"
+    yield "vlan", 1, raw(Ether() / Dot1Q(vlan=10) / v4), "192.0.2.7"
+    yield "qinq", 1, raw(Ether() / Dot1AD(vlan=10) / Dot1Q(vlan=20) / v4), "192.0.2.7"
+    yield "qinq-9100", 1, raw(Ether(type=0x9100) / Dot1Q(vlan=20) / v6), "2001:db8::7"
+    yield "mpls", 1, raw(Ether(type=0x8847) / MPLS(label=100, s=0) / MPLS(label=200, s=1) / v4), \
+        "192.0.2.7"
+    yield "sll", 113, raw(CookedLinux(proto=0x0800) / v4), "192.0.2.7"
+    yield "sll2", 276, raw(CookedLinuxV2(proto=0x86DD) / v6), "2001:db8::7"
+    yield "null", 0, struct.pack("<I", 2) + raw(v4), "192.0.2.7"
+    yield "null-v6", 0, struct.pack("<I", 30) + raw(v6), "2001:db8::7"
+    yield "loop", 108, struct.pack(">I", 2) + raw(v4), "192.0.2.7"
+    yield "raw-v4", 101, raw(v4), "192.0.2.7"
+    yield "raw-v6", 101, raw(v6), "2001:db8::7"
+
+
+def test_export_datagrams_behind_every_link_layer(tmp_path):
+    """An export datagram decodes to the same records behind VLAN, QinQ, MPLS, Linux cooked,
+    BSD loopback and raw IP links (the one link-layer walk of capture/unpack.py), with the
+    exporter address of its IP header."""
+    payload = read_hex(HEX / "PACKET_V5.hex")[0]
+    plain = Decoder().decode(Datagrams.from_payloads([payload])).rows()
+    assert len(plain) == 3
+    for name, linktype, frame, exporter in _link_frames(payload):
+        path = tmp_path / f"{name}.pcap"
+        path.write_bytes(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 262144, linktype) +
+                         struct.pack("<IIII", 1_700_000_000, 0, len(frame), len(frame)) + frame)
+        fb, d = decode_all(path)
+        rows = fb.rows()
+        assert [{**r, "exporter": None} for r in rows] == \
+            [{**r, "exporter": None} for r in plain], name
+        assert {r["exporter"] for r in rows} == {exporter}, name
+
+
+def test_bad_template_names_exporter_and_template():
+    """A template that claims more fields than its set holds is counted under its reason, and
+    the exporter's last error names the exporter and the template id (GET /exporters)."""
+    dg = bytearray(read_hex(HEX / "PACKET_V9_TEMPLATE.hex")[0])
+    assert struct.unpack_from(">HH", dg, 0) == (9, struct.unpack_from(">H", dg, 2)[0])
+    assert struct.unpack_from(">H", dg, 20)[0] == 0  # the first set is a template set
+    tid, count = struct.unpack_from(">HH", dg, 24)
+    struct.pack_into(">H", dg, 26, count + 100)
+    d = Decoder()
+    d.decode(Datagrams.from_payloads([bytes(dg)], "192.0.2.9"))
+    assert d.errors.get("template_truncated") == 1
+    err = d.last_error["192.0.2.9"]
+    assert (err.kind, err.exporter, err.template_id) == ("template_truncated", "192.0.2.9", tid)
+    assert str(err) == (f"netflow: template cut short by the end of its set "
+                        f"(exporter 192.0.2.9, template {tid})")
+    (stream,) = d.streams()
+    assert stream["last_error"] == str(err)

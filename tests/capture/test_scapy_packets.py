@@ -28,9 +28,9 @@ from scapy.layers.inet6 import (
 from scapy.layers.l2 import CookedLinux, CookedLinuxV2, Dot1AD, Dot1Q, Ether
 from scapy.layers.sctp import SCTP
 
+from capture.fields import ip_text
 from capture.pcap import open_capture
 from capture.unpack import unpack
-from collector.results import format_ip
 from tests.reference import FIELDS, fields_of
 
 TAG_TYPES = (0x8100, 0x88A8, 0x9100, 0x8847, 0x8848)
@@ -127,7 +127,7 @@ def decode(linktype: int, frames: list[bytes]) -> list[dict]:
     for rb in open_capture(pcap):
         tb = unpack(rb)
         cols = {k: tb.arrow(k).to_pylist() for k in FIELDS}
-        rows += [{k: format_ip(v[i]) if k.endswith("_ip") else v[i] for k, v in cols.items()}
+        rows += [{k: ip_text(v[i]) if k.endswith("_ip") else v[i] for k, v in cols.items()}
                  for i in range(len(tb))]
     return rows
 

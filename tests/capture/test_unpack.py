@@ -7,10 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capture.fields import fields
+from capture.fields import fields, ip_text
 from capture.pcap import open_capture
 from capture.unpack import unpack
-from collector.results import format_ip
 from tests.conftest import capture, samples
 from tests.reference import FIELDS, packets
 
@@ -26,7 +25,7 @@ def ours(path, groups=None) -> list[dict]:
         names = FIELDS
         cols = {k: tb.arrow(k).to_pylist() for k in names}
         for i in range(len(tb)):
-            rows.append({k: format_ip(v[i]) if k.endswith("_ip") else v[i]
+            rows.append({k: ip_text(v[i]) if k.endswith("_ip") else v[i]
                          for k, v in cols.items()})
     return rows
 

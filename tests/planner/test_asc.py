@@ -8,6 +8,7 @@ from itertools import permutations
 import numpy as np
 import pytest
 
+from capture.fields import parse_prefix
 from capture.pcap import open_capture
 from capture.unpack import unpack
 from collector.prefilter import (
@@ -19,7 +20,7 @@ from collector.prefilter import (
 )
 from planner.asc import best_fixed_order, hybrid_arrows, macro_sequence, simulate
 from planner.plan import build_plan
-from planner.query import parse_prefix, parse_queries
+from planner.query import parse_queries
 from tests.conftest import capture
 from tests.reference import packets
 

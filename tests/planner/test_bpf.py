@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capture.bpf import BpfError, Filter, compile_filter
+from capture.bpf import Filter, compile_filter
+from capture.errors import FilterError
 from capture.pcap import open_capture
 from planner.bpf import bpf_expression
 from planner.plan import build_plan
@@ -82,5 +83,5 @@ def test_unstatable_query_means_no_filter():
 
 
 def test_bad_expression_is_refused_with_libpcap_reason():
-    with pytest.raises(BpfError, match="bad filter expression"):
+    with pytest.raises(FilterError, match="bad filter expression"):
         Filter("port eighty")

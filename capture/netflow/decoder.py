@@ -1,0 +1,461 @@
+"""The decoder: runs the kernel over datagram batches and does the rare, stateful work it stops
+for (templates, options sampling, data held until its template comes); keeps sequence, sampling
+and error counters per exporter and export stream."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+from numba import types
+from numba.typed import Dict
+
+from capture.errors import DecodeError
+from capture.fields import NULL_INT, ip_bytes, ip_text
+from capture.netflow.batch import Datagrams, FlowBatch, empty_flows
+from capture.netflow.elements import (
+    DONE,
+    FLOW_INT_FIELDS,
+    KERNEL_REASONS,
+    KIND_DATA,
+    KIND_OPTIONS,
+    MAX_EXPORTERS,
+    MAX_TEMPLATE_FIELDS,
+    N_STATE,
+    REASON_TEXT,
+    REPLAY,
+    S_CUR_RECS,
+    S_CUR_UNKNOWN,
+    S_DGRAMS,
+    S_DOMAIN,
+    S_EXP,
+    S_GAPS,
+    S_LAST_NS,
+    S_LOST,
+    S_OPTIONS,
+    S_RECORDS,
+    S_REORDER,
+    S_UNKNOWN_SAMPLING,
+    S_VERSION,
+    STOP_FULL,
+    STOP_NO_TEMPLATE,
+    STOP_OPTIONS,
+    STOP_STREAMS,
+    STOP_TEMPLATE,
+    VARLEN,
+    VCODE,
+)
+from capture.netflow.kernel import decode_kernel
+from capture.netflow.templates import KernelTables, Template, TemplateStore, compile_fields
+
+
+@dataclass
+class _Pending:
+    key: tuple[str, int, int, int]
+    exp: int
+    header: bytes
+    data: bytes
+    addr: bytes
+    ts_ns: int
+    done: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + len(self.data)
+
+
+class Decoder:
+    """Decodes batches of export datagrams; keeps templates, sampling, sequence state and
+    counters per exporter and export stream."""
+
+    def __init__(self, store: TemplateStore | None = None, *,
+                 sampling_override: dict[str, int] | None = None,
+                 default_sampling_interval: int = 1, pending_max_bytes: int = 4 << 20,
+                 pending_ttl_s: float = 300.0, max_templates: int = 65536):
+        self.store = store or TemplateStore()
+        self.max_templates = max_templates
+        self.exporters: dict[bytes, int] = {}
+        self.exporter_names: list[str] = []
+        self._exp_index: dict[str, int] = {}
+        self.override = np.zeros(MAX_EXPORTERS + 1, np.int64)
+        self.sampling_override = {ip_bytes(k): int(v)
+                                  for k, v in (sampling_override or {}).items()}
+        self.default_interval = int(default_sampling_interval)
+        self.st_dict = Dict.empty(types.int64, types.int64)
+        self.st = np.zeros((64, N_STATE), np.int64)
+        self.st_n = np.zeros(1, np.int64)
+        self.errors: dict[str, int] = {}
+        self.last_error: dict[str, DecodeError] = {}
+        self._errs = np.zeros(len(KERNEL_REASONS), np.int64)
+        # held data sets: by template key, and in arrival order (for eviction and expiry)
+        self._held: dict[tuple[str, int, int, int], list[_Pending]] = {}
+        self._order: deque[_Pending] = deque()
+        self.pending_sets = 0
+        self.pending_bytes = 0
+        self.pending_max_bytes = pending_max_bytes
+        self.pending_ttl_ns = int(pending_ttl_s * 1e9)
+        self.bad_templates: set[tuple[str, int, int, int]] = set()
+        self.options_records = 0
+        self.templates_changed = 0
+        self._now = 0
+        self.sdict = Dict.empty(types.int64, types.int64)  # stream key << 16 | sampler -> interval
+        for exp in {t.exporter for t in self.store.templates.values()} | \
+                {k[0] for k in self.store.sampling}:
+            self._exporter(ip_bytes(exp))
+        self._rebuild_tables()
+
+    def _rebuild_tables(self) -> None:
+        self.tables = KernelTables()
+        for t in self.store.templates.values():
+            self._put(t)
+        for (exp, ver, dom, sampler), interval in self.store.sampling.items():
+            self._put_sampling(exp, ver, dom, sampler, interval)
+
+    def _stream_key(self, exporter: str, version: int, domain: int) -> int:
+        return ((self._exp_index[exporter] * 4 + VCODE[version]) << 32) | domain
+
+    def _put(self, t: Template) -> None:
+        key = (self._stream_key(t.exporter, t.version, t.domain) << 16) | t.template_id
+        self.tables.put(key, compile_fields(t.fields, self.store.enterprise), t.kind)
+
+    def _put_sampling(self, exporter, version, domain, sampler, interval) -> None:
+        self.store.set_sampling(exporter, version, domain, sampler, interval)
+        self.sdict[(self._stream_key(exporter, version, domain) << 16)
+                   | ((sampler + 1) & 0xFFFF if sampler else 0)] = interval
+
+    @property
+    def pending(self) -> list[_Pending]:
+        """The data sets waiting for their template, oldest first."""
+        return [x for x in self._order if not x.done]
+
+    # -- exporters and streams
+    def _exporter(self, addr: bytes) -> int:
+        e = self.exporters.get(addr)
+        if e is None:
+            if len(self.exporter_names) >= MAX_EXPORTERS:
+                return -1
+            e = len(self.exporter_names)
+            self.exporters[addr] = e
+            self.exporter_names.append(ip_text(addr))
+            self._exp_index[self.exporter_names[-1]] = e
+            self.override[e] = self.sampling_override.get(addr, 0)
+        return e
+
+    def _count(self, reason: str, n: int = 1, exporter: str = "",
+               template_id: int | None = None) -> None:
+        """Count bad input under its reason; keep the last error of each exporter (with the
+        template id where known) for GET /exporters."""
+        self.errors[reason] = self.errors.get(reason, 0) + n
+        if exporter:
+            self.last_error[exporter] = DecodeError(REASON_TEXT.get(reason, reason),
+                                                    kind=reason, layer="netflow",
+                                                    exporter=exporter, template_id=template_id)
+
+    # -- decoding
+    def decode(self, dg: Datagrams) -> FlowBatch:
+        """The flow records of a batch of datagrams (in order)."""
+        n = len(dg)
+        if n == 0:
+            return empty_flows(0)
+        self._now = max(self._now, int(dg.ts_ns.max()))
+        uniq, inv = np.unique(np.ascontiguousarray(dg.exporter).view("V16").ravel(),
+                              return_inverse=True)
+        idx = np.array([self._exporter(u.tobytes()) for u in uniq], np.int64)
+        exp = idx[inv.reshape(-1)]
+        flags = dg.flags if dg.flags is not None else np.zeros(n, np.uint8)
+        if (exp < 0).any():
+            self._count("too_many_exporters", int((exp < 0).sum()))
+            keep = exp >= 0
+            dg = Datagrams(dg.buf, dg.offset[keep], dg.length[keep], dg.exporter[keep],
+                           dg.ts_ns[keep], flags[keep])
+            exp, flags = exp[keep], flags[keep]
+        cap = max(256, int(dg.length.sum()) // 40)
+        self._out = [np.full((len(FLOW_INT_FIELDS), cap), NULL_INT, np.int64),
+                     np.zeros((4, cap, 16), np.uint8), np.zeros((4, cap), np.bool_), 0]
+        self._run(dg, exp, flags)
+        self._expire()
+        ints, ips, ipset, k = self._out
+        self._out = None
+        return FlowBatch(ints[:, :k], ips[:, :k], ipset[:, :k])
+
+    def _grow(self, need: int) -> None:
+        ints, ips, ipset, k = self._out
+        cap = max(2 * ints.shape[1], k + need)
+        ni = np.full((ints.shape[0], cap), NULL_INT, np.int64)
+        ni[:, :k] = ints[:, :k]
+        np_ = np.zeros((4, cap, 16), np.uint8)
+        np_[:, :k] = ips[:, :k]
+        ns = np.zeros((4, cap), np.bool_)
+        ns[:, :k] = ipset[:, :k]
+        self._out = [ni, np_, ns, k]
+
+    def _run(self, dg: Datagrams, exp: np.ndarray, flags: np.ndarray) -> None:
+        d, p = 0, 0
+        exp = exp.astype(np.int32)
+        addrs = np.ascontiguousarray(dg.exporter)
+        while True:
+            if self.tables.garbage > 2 * len(self.tables.tdict) + 256:
+                self._rebuild_tables()
+            ints, ips, ipset, k = self._out
+            code, d, p, k, slot, key = decode_kernel(
+                dg.buf, dg.offset, dg.length, exp, dg.ts_ns, flags, addrs, d, p,
+                *self.tables.args(), self.st_dict, self.st, self.st_n, self.sdict,
+                self.override, self.default_interval, ints, ips, ipset, k, self._errs)
+            self._out[3] = k
+            if code == DONE:
+                break
+            if code == STOP_FULL:
+                self._grow(max(1024, int(dg.length[d]) // 4))
+                continue
+            if code == STOP_STREAMS:
+                self.st = np.concatenate([self.st, np.zeros_like(self.st)])
+                continue
+            base = int(dg.offset[d])
+            buf = dg.buf
+            ver = (int(buf[base]) << 8) | int(buf[base + 1])
+            slen = (int(buf[base + p + 2]) << 8) | int(buf[base + p + 3])
+            body = buf[base + p:base + p + slen].tobytes()
+            domain = int(self.st[slot, S_DOMAIN])
+            exporter = self.exporter_names[int(exp[d])]
+            if code == STOP_TEMPLATE:
+                self._templates(exporter, ver, domain, body, int(dg.ts_ns[d]))
+            elif code == STOP_OPTIONS:
+                self._options(exporter, ver, domain, key & 0xFFFF, body, slot,
+                              not flags[d] & REPLAY)
+            elif code == STOP_NO_TEMPLATE:
+                tkey = (exporter, ver, domain, key & 0xFFFF)
+                if tkey in self.bad_templates:
+                    self._count("template_invalid_data", exporter=exporter,
+                                template_id=key & 0xFFFF)
+                else:
+                    hl = 20 if ver == 9 else 16
+                    self._hold(_Pending(tkey, int(exp[d]), buf[base:base + hl].tobytes(),
+                                        body, addrs[d].tobytes(), int(dg.ts_ns[d])))
+                    if not flags[d] & REPLAY:
+                        self.st[slot, S_CUR_UNKNOWN] = 1
+            p += slen
+        self._flush_errs()
+
+    def _flush_errs(self) -> None:
+        for i, v in enumerate(self._errs):
+            if v:
+                self._count(KERNEL_REASONS[i], int(v))
+        self._errs[:] = 0
+
+    # -- template sets (rare: Python)
+    def _templates(self, exporter: str, ver: int, domain: int, body: bytes, ts_ns: int) -> None:
+        sid = int.from_bytes(body[0:2], "big")
+        options = sid in (1, 3)
+        p, end = 4, len(body)
+        learned = []
+        while end - p >= 4:
+            tid = int.from_bytes(body[p:p + 2], "big")
+            count = int.from_bytes(body[p + 2:p + 4], "big")
+            if ver == 9 and options:
+                if end - p < 6:
+                    break
+                scope_len, opt_len = count, int.from_bytes(body[p + 4:p + 6], "big")
+                p += 6
+                if scope_len % 4 or opt_len % 4 or p + scope_len + opt_len > end:
+                    self._count("template_truncated", exporter=exporter, template_id=tid)
+                    return
+                nf, scope = (scope_len + opt_len) // 4, scope_len // 4
+            elif ver == 10 and options:
+                p += 4
+                if count == 0:
+                    self._withdraw(exporter, ver, domain, tid, KIND_OPTIONS)
+                    continue
+                if end - p < 2:
+                    self._count("template_truncated", exporter=exporter, template_id=tid)
+                    return
+                nf, scope = count, int.from_bytes(body[p:p + 2], "big")
+                p += 2
+                if scope == 0 or scope > nf:
+                    self._count("template_scope", exporter=exporter, template_id=tid)
+                    return
+            else:
+                p += 4
+                if count == 0:
+                    if ver == 10:
+                        self._withdraw(exporter, ver, domain, tid, KIND_DATA)
+                        continue
+                    self._count("template_no_fields", exporter=exporter, template_id=tid)
+                    continue
+                nf, scope = count, 0
+            if nf > MAX_TEMPLATE_FIELDS:
+                self._count("template_too_many_fields", exporter=exporter, template_id=tid)
+                self.bad_templates.add((exporter, ver, domain, tid))
+                return
+            flds = []
+            for _ in range(nf):
+                if p + 4 > end:
+                    self._count("template_truncated", exporter=exporter, template_id=tid)
+                    return
+                ie = int.from_bytes(body[p:p + 2], "big")
+                ln = int.from_bytes(body[p + 2:p + 4], "big")
+                p += 4
+                pen = 0
+                if ver == 10 and ie & 0x8000:
+                    if p + 4 > end:
+                        self._count("template_truncated", exporter=exporter, template_id=tid)
+                        return
+                    pen = int.from_bytes(body[p:p + 4], "big")
+                    ie &= 0x7FFF
+                    p += 4
+                elif ver == 9 and len(flds) < scope:
+                    pen = 0xFFFFFFFF  # v9 scope types are not information elements
+                if ver == 9 and ln == VARLEN:
+                    ln = VARLEN - 1  # v9 has no variable-length encoding
+                flds.append((ie, pen, ln))
+            key = (exporter, ver, domain, tid)
+            if tid < 256:
+                self._count("template_id", exporter=exporter, template_id=tid)
+                continue
+            if sum(1 if ln == VARLEN else ln for _, _, ln in flds) == 0:
+                self._count("template_zero_length", exporter=exporter, template_id=tid)
+                self.bad_templates.add(key)
+                continue
+            self.bad_templates.discard(key)
+            t = Template(exporter, ver, domain, tid, tuple(flds),
+                         KIND_OPTIONS if options else KIND_DATA, scope, ts_ns)
+            if key not in self.store.templates and \
+                    len(self.store.templates) >= self.max_templates:
+                self._count("too_many_templates", exporter=exporter, template_id=tid)
+                continue
+            if self.store.learn(t):
+                self.templates_changed += 1
+                self._put(t)
+            learned.append(key)
+        for key in learned:
+            self._release(key)
+
+    def _withdraw(self, exporter, ver, domain, tid, kind) -> None:
+        all_ = tid == (2 if kind == KIND_DATA else 3)
+        for key in self.store.withdraw(exporter, ver, domain, None if all_ else tid, kind):
+            self.tables.drop((self._stream_key(*key[:3]) << 16) | key[3])
+
+    def _options(self, exporter: str, ver: int, domain: int, tid: int, body: bytes, slot: int,
+                 count_seq: bool) -> None:
+        """Options data: sampling interval / space / sampler id per record."""
+        t = self.store.templates[(exporter, ver, domain, tid)]
+        p, end = 4, len(body)
+        minlen = sum(1 if ln == VARLEN else ln for _, _, ln in t.fields)
+        n = 0
+        while end - p >= minlen:
+            vals: dict[int, int] = {}
+            for ie, pen, ln in t.fields:
+                if ln == VARLEN:
+                    if p >= end:
+                        self._count("record_truncated", exporter=exporter, template_id=tid)
+                        return
+                    ln = body[p]
+                    p += 1
+                    if ln == 255:
+                        ln = int.from_bytes(body[p:p + 2], "big")
+                        p += 2
+                if p + ln > end:
+                    self._count("record_truncated", exporter=exporter, template_id=tid)
+                    return
+                if pen == 0 and ln <= 8:
+                    vals.setdefault(ie, int.from_bytes(body[p:p + ln], "big"))
+                p += ln
+            n += 1
+            interval = vals.get(34) or vals.get(50) or vals.get(305)
+            if interval and 306 in vals and 305 in vals:
+                interval = (vals[305] + vals[306]) // vals[305]
+            if vals.get(309) and vals.get(310):  # random n-out-of-N
+                interval = max(1, vals[310] // vals[309])
+            if interval:
+                sampler = vals.get(48, vals.get(302, 0))
+                self._put_sampling(exporter, ver, domain, 0, interval)
+                if sampler:
+                    self._put_sampling(exporter, ver, domain, sampler, interval)
+        self.options_records += n
+        self.st[slot, S_OPTIONS] += n
+        if count_seq:
+            self.st[slot, S_CUR_RECS] += n
+            self.st[slot, S_RECORDS] += n
+
+    # -- pending data (template not seen yet)
+    def _hold(self, item: _Pending) -> None:
+        if item.size > self.pending_max_bytes:
+            self._count("template_missing")
+            return
+        self._held.setdefault(item.key, []).append(item)
+        self._order.append(item)
+        self.pending_sets += 1
+        self.pending_bytes += item.size
+        while self.pending_bytes > self.pending_max_bytes:
+            self._discard(self._oldest(), "pending_evicted")
+
+    def _oldest(self) -> _Pending:
+        while self._order[0].done:
+            self._order.popleft()
+        return self._order[0]
+
+    def _discard(self, item: _Pending, reason: str | None) -> None:
+        """Take a held set out of the buffer (counted under ``reason`` unless released)."""
+        item.done = True
+        self.pending_sets -= 1
+        self.pending_bytes -= item.size
+        held = self._held[item.key]
+        held.remove(item)
+        if not held:
+            del self._held[item.key]
+        if reason:
+            self._count(reason)
+
+    def _release(self, key) -> None:
+        """Decode the held sets of a template that just arrived."""
+        ready = list(self._held.get(key, ()))
+        if not ready:
+            return
+        payloads = []
+        for x in ready:
+            self._discard(x, None)
+            h = bytearray(x.header)
+            if x.key[1] == 10:
+                h[2:4] = (len(h) + len(x.data)).to_bytes(2, "big")
+            payloads.append(bytes(h) + x.data)
+        dg = Datagrams.from_payloads(payloads)
+        dg.exporter = np.array([np.frombuffer(x.addr, np.uint8) for x in ready])
+        dg.ts_ns = np.array([x.ts_ns for x in ready], np.int64)
+        self._run(dg, np.array([x.exp for x in ready], np.int64),
+                  np.full(len(ready), REPLAY, np.uint8))
+
+    def _expire(self) -> None:
+        limit = self._now - self.pending_ttl_ns
+        while self.pending_sets and self._oldest().ts_ns < limit:
+            self._discard(self._oldest(), "template_missing")
+
+    def finish(self) -> None:
+        """End of input: what still waits for a template is counted as missing."""
+        while self.pending_sets:
+            self._discard(self._oldest(), "template_missing")
+        self._order.clear()
+
+    # -- state for the API
+    def streams(self) -> list[dict]:
+        out = []
+        for slot in range(int(self.st_n[0])):
+            r = self.st[slot]
+            exporter = self.exporter_names[int(r[S_EXP])]
+            ver, dom = int(r[S_VERSION]), int(r[S_DOMAIN])
+            tpls = sorted(t.template_id for (e, v, d, _), t in self.store.templates.items()
+                          if (e, v, d) == (exporter, ver, dom))
+            smp = {str(s or "default"): i for (e, v, d, s), i in self.store.sampling.items()
+                   if (e, v, d) == (exporter, ver, dom)}
+            out.append({"exporter": exporter, "version": ver, "observation_domain": dom,
+                        "datagrams": int(r[S_DGRAMS]), "records": int(r[S_RECORDS]),
+                        "options_records": int(r[S_OPTIONS]),
+                        "last_seen_ns": int(r[S_LAST_NS]) or None,
+                        "sequence": {"lost": int(r[S_LOST]), "gaps": int(r[S_GAPS]),
+                                     "out_of_order": int(r[S_REORDER]),
+                                     "unit": "datagrams" if ver == 9 else "records"},
+                        "templates": tpls, "sampling": smp,
+                        "sampling_override": int(self.override[int(r[S_EXP])]) or None,
+                        "records_sampling_unknown": int(r[S_UNKNOWN_SAMPLING]),
+                        "last_error": str(self.last_error[exporter])
+                        if exporter in self.last_error else None})
+        return out

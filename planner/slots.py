@@ -1,0 +1,39 @@
+"""Query slots as bits: bit ``i`` of word ``w`` of a query mask (``Q`` in the engine, ``qmask``
+in the spool) is slot ``64·w + i`` (DESIGN, spool batch). The one place that arithmetic lives."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+
+def n_words(n: int) -> int:
+    """64-bit words that hold ``n`` bits (at least one)."""
+    return max(1, (n + 63) // 64)
+
+
+def slot_bit(slot: int) -> tuple[int, np.uint64]:
+    """(word, bit) of a slot."""
+    return slot >> 6, np.uint64(1) << np.uint64(slot & 63)
+
+
+def slot_mask(slots: Iterable[int], words: int) -> np.ndarray:
+    """A mask of ``words`` uint64 words with the slots' bits set."""
+    m = np.zeros(words, dtype=np.uint64)
+    for s in slots:
+        w, bit = slot_bit(s)
+        m[w] |= bit
+    return m
+
+
+def has_slot(Q: np.ndarray, slot: int) -> np.ndarray:
+    """Per row of ``Q`` (rows × words), whether the slot's bit is set."""
+    w, bit = slot_bit(slot)
+    return (Q[:, w] & bit) != 0
+
+
+def clear_slot(Q: np.ndarray, rows: np.ndarray, slot: int) -> None:
+    """Clear the slot's bit in the given rows of ``Q``."""
+    w, bit = slot_bit(slot)
+    Q[rows, w] &= ~bit
