@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.deps import CollectorDep
@@ -27,6 +29,14 @@ def create_app(collector: Collector, manage: bool = False) -> FastAPI:
                   description="Register continuous queries over packets and flows, read their "
                               "results, explain the prefilter.")
     app.state.collector = collector
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """422 with where and why, never the request echoed back (FastAPI's default includes
+        the input: a 5 MB body came back as a 5 MB error)."""
+        return JSONResponse(status_code=422, content={"detail": [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()[:20]]})
     app.include_router(queries.router)
     app.include_router(prefilter.router)
     app.include_router(exporters.router)

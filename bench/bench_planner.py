@@ -22,10 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import median_time  # noqa: E402
 from bench.workloads import SEED, gigascope_matrix, gigascope_sql, random_matrix, trace  # noqa: E402
+from collector.asc_runtime import AscRuntime, asc_regions  # noqa: E402
 from collector.prefilter import (  # noqa: E402
-    AscRuntime,
     _eval_atom_column,
-    asc_regions,
     compile_prefilter,
     in_sorted,
     kernel_inputs,
@@ -33,17 +32,17 @@ from collector.prefilter import (  # noqa: E402
     run_prefilter,  # noqa: E402
 )
 from collector.residual import Residual, eval_predicate  # noqa: E402
-from planner.asc import best_fixed_order, hybrid_arrows, macro_sequence, simulate  # noqa: E402
+from planner.asc import hybrid_arrows, macro_sequence  # noqa: E402
 from planner.cover import (  # noqa: E402
     Matrix,
     cover_matrix,
     eliminate_overlap,
-    exact_cover,
     find_rectangles,
     greedy_cover,
 )
 from planner.plan import Plan, QueryPlan, build_plan  # noqa: E402
 from planner.query import parse_queries  # noqa: E402
+from planner.reference import best_fixed_order, exact_cover, simulate  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH = 65536

@@ -56,14 +56,14 @@ class KernelStats:
 @nb.njit(cache=True, nogil=True)
 def copy_block(ring, blk, out, fill, skip_outgoing, offset, caplen, wirelen, ts_ns, n0):
     """Copy the packets of the ring block at ``blk`` into ``out`` from ``fill``; return
-    (records, new fill, packets skipped). Stops early (records < block's) when out is full."""
+    (records, new fill). Outgoing packets are skipped when asked. Stops early (records <
+    block's) when out is full."""
     num = np.int64(ring[blk + 12]) | (np.int64(ring[blk + 13]) << 8) | \
         (np.int64(ring[blk + 14]) << 16) | (np.int64(ring[blk + 15]) << 24)
     first = np.int64(ring[blk + 16]) | (np.int64(ring[blk + 17]) << 8) | \
         (np.int64(ring[blk + 18]) << 16) | (np.int64(ring[blk + 19]) << 24)
     p = blk + first
     n = n0
-    skipped = 0
     for _ in range(num):
         nxt = _le32(ring, p)
         sec = _le32(ring, p + 4)
@@ -76,9 +76,7 @@ def copy_block(ring, blk, out, fill, skip_outgoing, offset, caplen, wirelen, ts_
         tpid = np.int64(ring[p + 36]) | (np.int64(ring[p + 37]) << 8)
         # struct sockaddr_ll follows the 48-byte header: sll_pkttype at byte 10 of it
         pkttype = ring[p + 48 + 10]
-        if skip_outgoing and pkttype == PACKET_OUTGOING:
-            skipped += 1
-        else:
+        if not (skip_outgoing and pkttype == PACKET_OUTGOING):
             vlan = (status & TP_STATUS_VLAN_VALID) != 0 and snap >= 12
             extra = 4 if vlan else 0
             src = p + mac
@@ -105,7 +103,7 @@ def copy_block(ring, blk, out, fill, skip_outgoing, offset, caplen, wirelen, ts_
         if nxt == 0:
             break
         p += nxt
-    return n, fill, skipped
+    return n, fill
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -144,7 +142,6 @@ class LiveCapture:
         self.expr = bpf
         self.filter = None
         self.kernel = KernelStats()
-        self.skipped = 0
         self._lock = threading.Lock()
         self.sock: socket.socket | None = None
         self._ring = None
@@ -251,9 +248,8 @@ class LiveCapture:
                 # a block's packets take at most block_size, plus a put-back VLAN tag each
                 if fill + r.block_size + 4 * num > out_cap:
                     break
-                n, fill, skipped = copy_block(ring, blk, out, fill, self.skip_outgoing,
+                n, fill = copy_block(ring, blk, out, fill, self.skip_outgoing,
                                               offset, caplen, wirelen, ts, n)
-                self.skipped += skipped
                 self._ring[blk + 8:blk + 12] = TP_STATUS_KERNEL.to_bytes(4, "little")
                 self._next_block = (self._next_block + 1) % r.blocks
             if n:

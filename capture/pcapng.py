@@ -27,7 +27,6 @@ from capture.records import (
 )
 
 SHB, IDB, PB, SPB, EPB = 0x0A0D0D0A, 0x00000001, 0x00000002, 0x00000003, 0x00000006
-BOM = 0x1A2B3C4D
 MAX_BLOCK = 16 << 20  # libpcap's limit on a block; larger is corruption
 
 OK, NEED_PYTHON, ERR_TRUNC, ERR_LENGTH, ERR_TRAILER, ERR_CAPLEN, ERR_IFACE = range(7)

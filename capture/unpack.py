@@ -30,9 +30,6 @@ C_DID, C_DQR, C_DOP, C_DRC, C_DQD, C_DAN = _I["dns_id"], _I["dns_qr"], _I["dns_o
     _I["dns_rcode"], _I["dns_qdcount"], _I["dns_ancount"]
 
 QNAME_STRIDE = 1024  # 255 bytes of name, each byte at most 4 characters (\DDD escapes)
-LINKTYPES = {0: "NULL", 1: "ETHERNET", 101: "RAW", 108: "LOOP", 113: "LINUX_SLL",
-             276: "LINUX_SLL2", 12: "RAW"}
-DNS_PORTS = (53, 5353)
 
 
 @nb.njit(cache=True, inline="always")

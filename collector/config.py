@@ -190,6 +190,12 @@ class Settings(BaseSettings):
             raise ValueError(f"initial_queries {self.initial_queries} does not exist")
         return self
 
+    def plan_options(self) -> dict:
+        """build_plan's options: the one planner configuration the daemon, ``flowsieve plan``
+        and ``flowsieve replay`` all compile with."""
+        return {"cheap_cost": self.planner.cheap_cost, "bit_budget": self.planner.bit_budget,
+                "max_j": self.planner.max_j, "asc_min_constants": self.asc.min_constants}
+
     @property
     def spool_dir(self) -> Path:
         return self.var_dir / "spool"

@@ -16,9 +16,10 @@ from capture.fields import fields, measures
 from capture.netflow import FlowBatch
 from capture.pcap import RawBatch
 from capture.unpack import TupleBatch, unpack
+from collector.asc_runtime import AscRuntime
 from collector.config import AscConfig
 from collector.metrics import Metrics
-from collector.prefilter import AscRuntime, CompiledPrefilter, compile_prefilter, run_prefilter
+from collector.prefilter import CompiledPrefilter, compile_prefilter, run_prefilter
 from collector.residual import Residual
 from collector.selectivity import SelectivityMeter
 from collector.spool import (
@@ -75,7 +76,6 @@ class Engine:
         self.batch_seq = 0
         self.max_time: int | None = None
         self.tuples_in = 0
-        self.tuples_kept = 0
 
     # -- plan
     def set_plan(self, plan: Plan) -> None:
@@ -167,7 +167,6 @@ class Engine:
             self.metrics.residual_evals.labels(self.stream).inc(c.residual.evaluated - before)
         keep = Q.any(axis=1)
         kept = int(keep.sum())
-        self.tuples_kept += kept
         self.metrics.prefilter_dropped.labels(self.stream).inc(len(tb) - kept)
         if not kept:
             return 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,7 +11,7 @@ import pyarrow as pa
 from capture.errors import DecodeError
 from capture.netflow import DEFAULT_FLOW_PORTS, Decoder, capture_flows
 from capture.pcap import open_capture
-from collector.config import AscConfig
+from collector.config import Settings
 from collector.engine import Engine
 from collector.metrics import Metrics
 from collector.results import read_results
@@ -27,21 +27,23 @@ class ReplayResult:
 
 
 def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.PathLike,
-           spark, *, batch_size: int = 65536, cheap_cost: float = 10.0,
-           bit_budget: int | None = None, watermark_delay_s: int = 1,
-           metrics: Metrics | None = None, asc: AscConfig | None = None,
-           flow_ports: Iterable[int] = DEFAULT_FLOW_PORTS,
-           decoder: Decoder | None = None) -> ReplayResult:
+           spark, *, settings: Settings | None = None, metrics: Metrics | None = None,
+           flow_ports: Iterable[int] = DEFAULT_FLOW_PORTS, decoder: Decoder | None = None,
+           progress: Callable[[str, int], None] | None = None) -> ReplayResult:
     """Run ``queries`` over a capture file; the answers of every window (end of input closes
     them all). Queries FROM packets read its packets, queries FROM flows the NetFlow/IPFIX
-    datagrams sent to ``flow_ports``. A decode error stops the input: what came before it is
-    answered, and the error is returned."""
+    datagrams sent to ``flow_ports``. The plan, the ASC runtime, the batch size and the
+    watermark come from ``settings`` (the daemon's configuration; default: the embedded one).
+    A decode error stops the input: what came before it is answered, and the error is
+    returned. ``progress(stage, records)`` is told how far the input and Spark are."""
     from collector.spark.job import SparkJob
 
     work = Path(workdir)
-    asc = asc or AscConfig()
-    plan = build_plan(queries, cheap_cost=cheap_cost, bit_budget=bit_budget,
-                      asc_min_constants=asc.min_constants)
+    settings = settings or Settings()
+    asc, batch_size = settings.asc, settings.batch_size
+    watermark_delay_s = settings.spark.watermark_delay_s
+    plan = build_plan(queries, **settings.plan_options())
+    report = progress or (lambda stage, n: None)
     metrics = metrics or Metrics()
     spool = Spool(work / "spool")
     error = None
@@ -52,13 +54,18 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
         engine = Engine(spool, stream, metrics, "replay", watermark_delay_s, asc=asc)
         engine.set_plan(plan)
         try:
+            done = 0
             if stream == "packets":
                 for raw in open_capture(capture, batch_size):
                     engine.process(raw, "replay")
+                    done += len(raw)
+                    report("reading packets", done)
             else:
                 decoder = decoder or Decoder()
                 for fb in capture_flows(capture, flow_ports, decoder):
                     engine.process(fb, "replay")
+                    done += len(fb)
+                    report("reading flows", done)
                 for reason, n in decoder.errors.items():
                     metrics.decode_errors.labels("replay", reason).inc(n)
         except DecodeError as e:
@@ -68,6 +75,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     slots = {qp.slot: qp.query for qp in plan.queries}
     job = SparkJob(spark, work / "spool", work / "results", work / "checkpoints", slots.get,
                    watermark_delay_s, metrics)
+    report("Spark: merging partial aggregates", -1)
     job.run_available_now([(s, f) for s in plan.streams() for f in plan.folders(s)])
     answers = [(qp.query, read_results(work / "results", qp.query)) for qp in plan.queries]
     return ReplayResult(plan, answers, error, engine)

@@ -21,7 +21,7 @@ from collector.metrics import Metrics
 from collector.registry import Registry
 from collector.results import clear_results, read_results
 from collector.selectivity import SelectivityMeter
-from collector.sources import make_source
+from collector.sources import Source, make_source
 from collector.spool import Spool
 from planner.plan import Plan, build_plan
 from planner.query import Query, parse_queries
@@ -61,8 +61,8 @@ class Collector:
         if not self.registry.entries() and s.initial_queries:
             for q in parse_queries(Path(s.initial_queries).read_text()):
                 self.registry.add(q.name, q.text)
-        self.sources = [make_source(c, s.batch_size, self._stats_callback(c), s.var_dir)
-                        for c in s.sources]
+        self.sources: list[Source] = [
+            make_source(c, s.batch_size, self._stats_callback(c), s.var_dir) for c in s.sources]
         self.engines = [Engine(self.spool, c.stream, self.metrics, s.probe,
                                s.spark.watermark_delay_s, self.meter, s.asc)
                         for c in s.sources]
@@ -197,10 +197,10 @@ class Collector:
         """Compile the registered queries into a new plan version and hand it to the engines."""
         with self._rebuild_lock:
             entries = self.registry.entries()
-            p, s = self.settings.planner, self.settings
             plan = build_plan([q for q, _ in entries], {q.name: s for q, s in entries},
-                              self.registry.next_version(), p.cheap_cost, p.bit_budget,
-                              self.meter.selectivities(), p.max_j, s.asc.min_constants)
+                              self.registry.next_version(),
+                              selectivity=self.meter.selectivities(),
+                              **self.settings.plan_options())
             self._slot_queries.clear()
             self._slot_queries.update({s: q for q, s in entries})
             self.plan = plan

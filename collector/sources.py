@@ -1,11 +1,11 @@
-"""Capture sources of the daemon; ``make_source`` builds the one a source config's ``type``
-names."""
+"""Capture sources of the daemon. Each source type is registered by the name a source config's
+``type`` gives (as goflow2 registers its transports); ``make_source`` builds the one named."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -19,13 +19,27 @@ from capture.records import RawBatch
 
 
 class Source(Protocol):
-    """A source yields RawBatches until it ends or ``stop`` is set."""
+    """A capture source: opens what it reads when ``batches`` starts, yields batches until it
+    ends or ``stop`` is set, and closes it when the iteration ends (its ``finally``)."""
 
     name: str
+    restamp: bool  # live time: the daemon writes heartbeats so windows close in quiet times
 
-    def batches(self, stop: threading.Event) -> Iterator[RawBatch | None]:
-        """RawBatches; None as a tick when a paced source is waiting (for heartbeats)."""
+    def batches(self, stop: threading.Event) -> Iterator[RawBatch | FlowBatch | None]:
+        """Batches; None as a tick when the source is waiting (for heartbeats)."""
         ...
+
+
+SourceBuilder = Callable[..., Source]
+SOURCE_TYPES: dict[str, SourceBuilder] = {}
+
+
+def source_type(name: str) -> Callable[[SourceBuilder], SourceBuilder]:
+    """Register a builder ``(cfg, batch_size, on_stats, var_dir) -> Source`` for a type name."""
+    def register(builder: SourceBuilder) -> SourceBuilder:
+        SOURCE_TYPES[name] = builder
+        return builder
+    return register
 
 
 class PcapFileSource:
@@ -39,7 +53,6 @@ class PcapFileSource:
         self.follow = follow
         self.batch_size = batch_size
         self.tick_s = tick_s
-        self.loops = 0
         self.reader = None
 
     def batches(self, stop: threading.Event) -> Iterator[RawBatch | None]:
@@ -68,7 +81,6 @@ class PcapFileSource:
                     else:
                         yield None
                         stop.wait(self.tick_s)
-            self.loops += 1
             if not self.loop:
                 return
 
@@ -156,15 +168,30 @@ class FlowSource:
             return self.decoder.streams()
 
 
-def make_source(cfg, batch_size: int, on_stats=None, var_dir=None):
-    """The source a SourceConfig describes."""
-    if cfg.type == "netflow":
-        state = None if var_dir is None else str(Path(var_dir) / f"flow-templates-{cfg.name}.json")
-        return FlowSource(cfg, state, on_stats)
-    if cfg.type == "interface":
-        return InterfaceSource(cfg.interface, cfg.name, cfg.bpf,
-                               RingConfig(cfg.ring_block_size, cfg.ring_blocks), batch_size,
-                               cfg.skip_outgoing, cfg.promisc, on_stats=on_stats)
+@source_type("pcap")
+def _pcap_source(cfg, batch_size: int, on_stats=None, var_dir=None) -> Source:
     return PcapFileSource(cfg.path, cfg.name, cfg.loop, cfg.restamp, batch_size,
                           follow=cfg.follow)
 
+
+@source_type("interface")
+def _interface_source(cfg, batch_size: int, on_stats=None, var_dir=None) -> Source:
+    return InterfaceSource(cfg.interface, cfg.name, cfg.bpf,
+                           RingConfig(cfg.ring_block_size, cfg.ring_blocks), batch_size,
+                           cfg.skip_outgoing, cfg.promisc, on_stats=on_stats)
+
+
+@source_type("netflow")
+def _netflow_source(cfg, batch_size: int, on_stats=None, var_dir=None) -> Source:
+    state = None if var_dir is None else str(Path(var_dir) / f"flow-templates-{cfg.name}.json")
+    return FlowSource(cfg, state, on_stats)
+
+
+def make_source(cfg, batch_size: int, on_stats=None, var_dir=None) -> Source:
+    """The source a SourceConfig describes, built by the builder registered for its type."""
+    try:
+        builder = SOURCE_TYPES[cfg.type]
+    except KeyError:
+        raise ValueError(f"source {cfg.name}: unknown type {cfg.type!r} "
+                         f"(types: {', '.join(sorted(SOURCE_TYPES))})") from None
+    return builder(cfg, batch_size, on_stats, var_dir)

@@ -86,9 +86,6 @@ class Spool:
         self.block_timeout_s = block_timeout_s
         self._lock = threading.Lock()
         self._seq: dict[Path, int] = {}
-        self.files_written = 0
-        self.bytes_written = 0
-        self.rows_dropped = 0
 
     def folder(self, stream: str, folder: str) -> Path:
         path = self.root / stream / folder
@@ -119,11 +116,10 @@ class Spool:
                         pass
         return total
 
-    def _room(self, rows: int) -> bool:
+    def _room(self) -> bool:
         if self.size() < self.max_bytes:
             return True
         if self.policy == "drop":
-            self.rows_dropped += rows
             return False
         deadline = time.monotonic() + self.block_timeout_s
         while self.size() >= self.max_bytes:  # back-pressure: wait for Spark to commit
@@ -135,7 +131,7 @@ class Spool:
 
     def write(self, stream: str, folder: str, batch: pa.RecordBatch | pa.Table) -> Path | None:
         """Write one file atomically; None if dropped by the size policy."""
-        if not self._room(batch.num_rows):
+        if not self._room():
             return None
         path_dir = self.folder(stream, folder)
         with self._lock:
@@ -148,8 +144,6 @@ class Spool:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
             writer.write_table(table, max_chunksize=65536)
         os.replace(tmp, final)
-        self.files_written += 1
-        self.bytes_written += final.stat().st_size
         return final
 
 

@@ -15,9 +15,9 @@ the query invocations one bit per predicate would avoid. The steps:
    until nothing simplifies (section 2.4, Figure 5).
 4. ``signatures``: a query's signature is every bit whose predicates it references.
 
-``exact_cover`` solves the minimum covering exactly (an ILP over maximal rectangles) for tests and
-benchmarks. Sets are Python ints used as bitmasks: bit i of a predicate mask is predicate index i,
-bit j of a query mask is query index j.
+The exact minimum covering (an ILP) that tests and benchmarks compare with is in
+``planner/reference.py``. Sets are Python ints used as bitmasks: bit i of a predicate mask is
+predicate index i, bit j of a query mask is query index j.
 """
 
 from __future__ import annotations
@@ -310,45 +310,3 @@ def cover_matrix(rows: Mapping[Hashable, set | frozenset], budget: int | None = 
     expected = expected_invocations(bits, m, sel) if sel is not None else None
     return Cover([(m.preds(r.preds), tuple(m.query_ids[j] for j in bits_of(r.queries)))
                   for r in chosen], [m.preds(b) for b in bits], len(rects), expected, by_sel)
-
-
-def maximal_rectangles(m: Matrix, limit: int = 200_000) -> list[Rect]:
-    """Every maximal rectangle of M (closed predicate sets: intersections of columns)."""
-    closed: set[int] = {c for c in m.cols if c}
-    frontier = set(closed)
-    while frontier:
-        new = set()
-        for a in frontier:
-            for c in m.cols:
-                x = a & c
-                if x and x not in closed:
-                    new.add(x)
-        closed |= new
-        frontier = new
-        if len(closed) > limit:
-            raise ValueError(f"more than {limit} maximal rectangles")
-    return [Rect(p, m.queries_of(p)) for p in sorted(closed)]
-
-
-def exact_cover(m: Matrix, time_limit: float = 60.0) -> list[Rect] | None:
-    """A minimum rectangle covering (ILP over maximal rectangles); None if not solved in time."""
-    import numpy as np
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import lil_matrix
-
-    rects = maximal_rectangles(m)
-    ones = [(i, j) for i, row in enumerate(m.rows) for j in bits_of(row)]
-    if not ones:
-        return []
-    index = {e: k for k, e in enumerate(ones)}
-    a = lil_matrix((len(ones), len(rects)))
-    for k, r in enumerate(rects):
-        for i in bits_of(r.preds):
-            for j in bits_of(r.queries):
-                a[index[(i, j)], k] = 1
-    res = milp(np.ones(len(rects)), constraints=LinearConstraint(a.tocsr(), lb=1),
-               integrality=np.ones(len(rects)), bounds=Bounds(0, 1),
-               options={"time_limit": time_limit})
-    if res.x is None or res.status not in (0,):
-        return None
-    return [r for r, x in zip(rects, res.x, strict=True) if x > 0.5]

@@ -8,7 +8,7 @@ Every error names the line, column and reason.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import sqlglot
 from sqlglot import exp
@@ -19,6 +19,12 @@ from capture.fields import INT32, INT64, IP, STRING, fields, ip_int, parse_prefi
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 NAME_LINE_RE = re.compile(r"^\s*--\s*name:\s*(\S+)\s*$")
+MAX_CONJUNCTS = 256  # conditions ANDed in one WHERE or HAVING (1,000 would be no real query)
+# sqlglot's expression classes as the operators people wrote (for its "missing" errors)
+OPERATORS = {"EQ": "=", "NEQ": "!=", "GT": ">", "GTE": ">=", "LT": "<", "LTE": "<=",
+             "Mul": "*", "Div": "/", "Add": "+", "Sub": "-", "Mod": "%", "And": "AND",
+             "Or": "OR", "Not": "NOT", "In": "IN", "Between": "BETWEEN", "Like": "LIKE",
+             "BitwiseAnd": "&", "BitwiseOr": "|", "Is": "IS", "Alias": "AS"}
 AGG_FUNCS = ("count", "sum", "min", "max", "avg")
 FLIP = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 NEGATE = {"=": "!=", "!=": "=", "<": ">=", "<=": ">", ">": "<=", ">=": "<"}
@@ -159,8 +165,6 @@ class Query:
     having: tuple[Condition, ...] = ()
     order: tuple[tuple[str, bool], ...] = ()  # (output column, descending)
     limit: int | None = None
-    line: int = 1
-    extra: dict = field(default_factory=dict)
 
     @property
     def is_selection(self) -> bool:
@@ -207,8 +211,9 @@ def _pos(node: exp.Expression) -> tuple[int, int]:
     return 0, 0
 
 
-def split_statements(text: str) -> list[tuple[str | None, int, str]]:
-    """Split a file into (name from ``-- name:``, first line, masked text) per statement.
+def split_statements(text: str) -> list[tuple[str | None, int, str, int]]:
+    """Split a file into (name from ``-- name:``, first line, masked text, first column) per
+    statement.
 
     The masked text keeps the statement at its original line and column (everything before it
     is blanked), so parse errors point into the file.
@@ -218,7 +223,7 @@ def split_statements(text: str) -> list[tuple[str | None, int, str]]:
     except TokenError as e:
         raise QueryError(f"cannot tokenize: {e}") from e
     lines = text.split("\n")
-    out: list[tuple[str | None, int, str]] = []
+    out: list[tuple[str | None, int, str, int]] = []
     current: list = []
     for tok in [*tokens, None]:
         if tok is None or tok.token_type == TokenType.SEMICOLON:
@@ -231,7 +236,7 @@ def split_statements(text: str) -> list[tuple[str | None, int, str]]:
                     m = NAME_LINE_RE.match(lines[first.line - 2])
                     if m:
                         name = m.group(1)
-                out.append((name, first.line, masked))
+                out.append((name, first.line, masked, max(1, first.col - len(first.text) + 1)))
             current = []
         else:
             current.append(tok)
@@ -242,7 +247,7 @@ def parse_queries(text: str) -> list[Query]:
     """Parse a file of statements; names from ``-- name:`` or q1, q2, … in order."""
     queries: list[Query] = []
     seen: set[str] = set()
-    for i, (name, line, masked) in enumerate(split_statements(text), start=1):
+    for i, (name, line, masked, _) in enumerate(split_statements(text), start=1):
         name = name or f"q{i}"
         if not NAME_RE.match(name):
             raise QueryError(f"invalid query name {name!r} (want [A-Za-z_][A-Za-z0-9_]{{0,63}})",
@@ -259,32 +264,58 @@ def parse_queries(text: str) -> list[Query]:
 def parse_single(text: str, name: str | None = None) -> Query:
     """One statement (as registered over REST); its name from ``name``, ``-- name:`` or q1."""
     stmts = split_statements(text)
-    if len(stmts) != 1:
-        raise QueryError(f"expected one statement, found {len(stmts)}")
-    found, line, masked = stmts[0]
+    if not stmts:
+        raise QueryError("no statement found")
+    if len(stmts) > 1:
+        _, line, _, col = stmts[1]
+        raise QueryError(f"one statement per query; a second one starts here (found "
+                         f"{len(stmts)}: register each on its own)", line, col)
+    found, line, masked, _ = stmts[0]
     name = name or found or "q1"
     if not NAME_RE.match(name):
         raise QueryError(f"invalid query name {name!r} (want [A-Za-z_][A-Za-z0-9_]{{0,63}})")
     return parse_query(masked, name=name)
 
 
+def _parse_error(e: ParseError, name: str) -> QueryError:
+    """sqlglot's first error in words a query's author knows (no parser class names)."""
+    err = e.errors[0] if e.errors else {}
+    desc = str(err.get("description", e)).split(". Line")[0]
+    desc = re.sub(r"<Token token_type: TokenType\.\w+, text: ([^,]*),[^>]*>", r"'\1'", desc)
+    m = re.match(r"Required keyword: '(\w+)' missing for <class '[\w.]*\.(\w+)'>", desc)
+    if m:
+        op = OPERATORS.get(m.group(2), m.group(2).lower())
+        side = "right" if m.group(1) == "expression" else "left"
+        desc = f"incomplete expression: {op!r} lacks its {side}-hand side"
+    col = err.get("col", 0)
+    if col and err.get("highlight"):  # sqlglot reports the token's last column
+        col = max(1, col - len(err["highlight"]) + 1)
+    return QueryError(desc, err.get("line", 0), col, name)
+
+
 def parse_query(text: str, name: str = "q1") -> Query:
     """Parse one statement into a Query."""
     try:
-        stmts = [s for s in sqlglot.parse(text) if s is not None]
-    except ParseError as e:
-        err = e.errors[0] if e.errors else {}
-        desc = str(err.get("description", e)).split(". Line")[0]
-        desc = re.sub(r"<Token token_type: TokenType\.\w+, text: ([^,]*),[^>]*>", r"'\1'", desc)
-        col = err.get("col", 0)
-        if col and err.get("highlight"):  # sqlglot reports the token's last column
-            col = max(1, col - len(err["highlight"]) + 1)
-        raise QueryError(desc, err.get("line", 0), col, name) from e
+        first = next((t for t in Tokenizer().tokenize(text)), None)
     except TokenError as e:
         raise QueryError(f"cannot tokenize: {e}", query=name) from e
+    if first is not None and first.token_type not in (TokenType.SELECT, TokenType.WITH):
+        raise QueryError(f"a query starts with SELECT, not {first.text!r}", first.line,
+                         max(1, first.col - len(first.text) + 1), name)
+    try:
+        stmts = [s for s in sqlglot.parse(text) if s is not None]
+    except ParseError as e:
+        raise _parse_error(e, name) from e
+    except TokenError as e:
+        raise QueryError(f"cannot tokenize: {e}", query=name) from e
+    except RecursionError as e:
+        raise QueryError("expression nested too deeply", query=name) from e
     if len(stmts) != 1:
         raise QueryError(f"expected one statement, found {len(stmts)}", query=name)
-    return _Builder(name, text.strip()).build(stmts[0])
+    try:
+        return _Builder(name, text.strip()).build(stmts[0])
+    except RecursionError as e:
+        raise QueryError("expression nested too deeply", query=name) from e
 
 
 class _Builder:
@@ -441,7 +472,12 @@ class _Builder:
         if node is None:
             return ()
         out = []
-        for c in _conjuncts(node.this):
+        terms = _conjuncts(node.this)
+        if len(terms) > MAX_CONJUNCTS:
+            raise self.err(f"HAVING has {len(terms)} conditions joined by AND; a query takes "
+                           f"at most {MAX_CONJUNCTS} (condition {MAX_CONJUNCTS + 1} is here)",
+                           terms[MAX_CONJUNCTS])
+        for c in terms:
             op = CMP_NODES.get(type(c))
             if op is None:
                 raise self.err("HAVING takes comparisons of an output with a number, "
@@ -467,7 +503,12 @@ class _Builder:
         if node is None:
             return ()
         preds: list[Predicate] = []
-        for c in _conjuncts(node.this):
+        terms = _conjuncts(node.this)
+        if len(terms) > MAX_CONJUNCTS:
+            raise self.err(f"WHERE has {len(terms)} conditions joined by AND; a query takes at "
+                           f"most {MAX_CONJUNCTS} (condition {MAX_CONJUNCTS + 1} is here)",
+                           terms[MAX_CONJUNCTS])
+        for c in terms:
             atoms = tuple(sorted(set(self.atoms(c))))
             p = Predicate(self.stream, atoms)
             if p not in preds:
@@ -574,11 +615,17 @@ class _Builder:
 
 
 def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
-    if isinstance(node, exp.And):
-        return _conjuncts(node.this) + _conjuncts(node.expression)
-    if isinstance(node, exp.Paren) and isinstance(node.this, exp.And):
-        return _conjuncts(node.this)
-    return [node]
+    """The terms of a chain of ANDs, left to right (iterative: a long chain is a deep tree)."""
+    out, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, exp.And):
+            stack += [n.expression, n.this]
+        elif isinstance(n, exp.Paren) and isinstance(n.this, exp.And):
+            stack.append(n.this)
+        else:
+            out.append(n)
+    return out
 
 
 def _number(node) -> float | None:

@@ -70,7 +70,7 @@ sources:
     with open(tmp_path / "appended.pcap", "wb") as f:  # the header now, packets later
         dpkt.pcap.Writer(f, snaplen=262144)
     log = open(tmp_path / "daemon.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "collector.cli", "run", "--config", str(cfg)],
+    proc = subprocess.Popen([sys.executable, "-m", "api.cli", "run", "--config", str(cfg)],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     base = f"http://127.0.0.1:{port}"

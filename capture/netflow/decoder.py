@@ -97,7 +97,6 @@ class Decoder:
         self.pending_ttl_ns = int(pending_ttl_s * 1e9)
         self.bad_templates: set[tuple[str, int, int, int]] = set()
         self.options_records = 0
-        self.templates_changed = 0
         self._now = 0
         self.sdict = Dict.empty(types.int64, types.int64)  # stream key << 16 | sampler -> interval
         for exp in {t.exporter for t in self.store.templates.values()} | \
@@ -324,7 +323,6 @@ class Decoder:
                 self._count("too_many_templates", exporter=exporter, template_id=tid)
                 continue
             if self.store.learn(t):
-                self.templates_changed += 1
                 self._put(t)
             learned.append(key)
         for key in learned:

@@ -78,12 +78,14 @@ def export_datagrams(raw, ports) -> Datagrams:
     return Datagrams(raw.buf, off[:n], ln[:n], addr[:n], raw.ts_ns[rec[:n]])
 
 
-def capture_flows(path, ports, decoder: Decoder | None = None, batch_size: int = 4096):
+def capture_flows(source, ports, decoder: Decoder | None = None, batch_size: int = 4096):
     """Flow records of a capture of export datagrams, batch by batch (``decode --stream flows``
-    and ``replay``): the same decoder as the listener."""
+    and ``replay``): the same decoder as the listener. ``source`` is what ``open_capture``
+    takes, or a reader it returned."""
     from capture.pcap import open_capture
     decoder = decoder or Decoder()
-    for raw in open_capture(path, batch_size):
+    reader = source if hasattr(source, "stats") else open_capture(source, batch_size)
+    for raw in reader:
         fb = decoder.decode(export_datagrams(raw, ports))
         if len(fb):
             yield fb

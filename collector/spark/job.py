@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
+from pyspark import SparkConf, SparkContext
+from pyspark.java_gateway import launch_gateway
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -33,8 +35,11 @@ SLOTS_EXPR = ("flatten(transform(sequence(0, size(qmask) - 1), w -> "
 
 def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_partitions: int = 4,
                   rocksdb: bool = True, extra: dict[str, str] | None = None,
-                  app_name: str = "flowsieve") -> SparkSession:
-    """A Spark session configured for flowsieve (workers run this interpreter)."""
+                  app_name: str = "flowsieve", jvm_log: str | os.PathLike | None = None
+                  ) -> SparkSession:
+    """A Spark session configured for flowsieve (workers run this interpreter). With
+    ``jvm_log`` the JVM's own output (its stack traces, log4j's console) goes to that file
+    instead of this process's terminal: commands report Spark's failures in one line."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -53,6 +58,13 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     for k, v in (extra or {}).items():
         b = b.config(k, v)
+    if jvm_log is not None and SparkContext._gateway is None:
+        # the gateway pyspark would launch, with the JVM's stdout and stderr in the log file
+        out = open(jvm_log, "ab")  # noqa: SIM115 - the JVM holds it for its lifetime
+        conf = SparkConf().setAll(list(b._options.items()))
+        SparkContext._gateway = launch_gateway(conf, popen_kwargs={"stdout": out,
+                                                                   "stderr": out})
+        SparkContext._jvm = SparkContext._gateway.jvm
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(SpoolDataSource)

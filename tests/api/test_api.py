@@ -135,3 +135,27 @@ def test_exporters_of_a_flow_listener(tmp_path):
         assert (tmp_path / "var" / "flow-templates-nf.json").exists()
     finally:
         c.stop()
+
+
+def test_bad_queries_get_reasons_not_internals(client):
+    """Found by trying: each bad registration answers 422 with a reason a person can act on,
+    a line and a column; never a 500, sqlglot's class names, or the request echoed back."""
+    def reject(sql: str) -> dict:
+        r = client.post("/queries", json={"name": "x", "sql": sql})
+        assert r.status_code == 422, r.text
+        return r.json()["detail"]
+
+    d = reject("SELEC * FROM packets")
+    assert (d["line"], d["column"]) == (1, 1) and "starts with SELECT, not 'SELEC'" in d["reason"]
+    d = reject("SELECT ts FROM packets WHERE protocol = ")
+    assert "'=' lacks its right-hand side" in d["reason"] and "sqlglot" not in d["reason"]
+    d = reject("SELECT ts FROM packets;\nSELECT ts FROM packets")
+    assert (d["line"], d["column"]) == (2, 1) and "one statement per query" in d["reason"]
+    conds = " AND ".join(["protocol = 6"] * 1000)
+    d = reject(f"SELECT ts FROM packets WHERE {conds}")
+    assert "1000 conditions" in d["reason"] and "at most 256" in d["reason"]
+    assert d["column"] == len("SELECT ts FROM packets WHERE ") + 256 * 17 + 1
+    # a body pydantic refuses: the reply says where and why, and does not echo the 5 MB back
+    r = client.post("/queries", json={"name": "x", "sql": "S" * 5_000_000})
+    assert r.status_code == 422
+    assert len(r.content) < 1000 and r.json()["detail"][0]["loc"] == ["body", "sql"]

@@ -238,7 +238,7 @@ def test_stdin_decode_equals_file(tmp_path):
     import sys
     path = capture("wikipedia.pcap")
     env = {**os.environ}
-    cmd = [sys.executable, "-m", "collector.cli", "decode", "--format", "csv", "--fields",
+    cmd = [sys.executable, "-m", "api.cli", "decode", "--format", "csv", "--fields",
            "ts,src_ip,dst_ip,src_port,dst_port,protocol,wirelen"]
     with open(path, "rb") as fh:
         piped = subprocess.run([*cmd, "-"], stdin=fh, capture_output=True, text=True,

@@ -7,14 +7,15 @@ import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
-from collector.cli import main
+from api.cli import main
 from collector.config import data_file
 from tests.conftest import ROOT, capture, need_tool
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "collector.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "api.cli", *args], capture_output=True,
                           text=True, cwd=ROOT, timeout=120)
 
 
@@ -43,7 +44,7 @@ def test_decode_csv_equals_tshark():
 def test_decode_json_and_stdin():
     path = capture("dns_udp.pcap")
     out = subprocess.run(
-        [sys.executable, "-m", "collector.cli", "decode", "-", "--fields",
+        [sys.executable, "-m", "api.cli", "decode", "-", "--fields",
          "ts,dns_qr,dns_qname,vlan", "--format", "json"],
         stdin=open(path, "rb"), capture_output=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -83,3 +84,131 @@ def test_errors_are_one_line(tmp_path, capsys):
     # a capture without export datagrams has no flow records: a header and nothing else
     assert main(["decode", str(capture("dns_udp.pcap")), "--stream", "flows"]) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith("exporter,observation_domain,")
+
+
+def _one_error_line(out: subprocess.CompletedProcess, *fragments: str) -> str:
+    """A failed command: exit code 1, nothing on stdout, exactly one line `error: …` on stderr,
+    no traceback."""
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert out.stdout == ""
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    assert "Traceback" not in out.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
+
+
+def test_decode_of_what_is_not_a_capture(tmp_path):
+    """Found by trying: a missing file and a directory printed a CSV header and a 17-line
+    traceback. Now: one line, nothing on stdout."""
+    _one_error_line(run("decode", "/nonexistent.pcap"), "/nonexistent.pcap does not exist")
+    _one_error_line(run("decode", str(tmp_path)), "is a directory")
+    _one_error_line(run("decode", "/nonexistent.pcap", "--stream", "flows"), "does not exist")
+
+
+def test_decode_of_an_unreadable_file(tmp_path):
+    """A file the user may not read. Root reads everything, so as root the command runs
+    without the capabilities that let it (setpriv, util-linux)."""
+    import os
+    path = tmp_path / "secret.pcap"
+    path.write_bytes(capture("dns_udp.pcap").read_bytes())
+    path.chmod(0)
+    cmd = [sys.executable, "-m", "api.cli", "decode", str(path)]
+    if os.geteuid() == 0:
+        cmd = [need_tool("setpriv"), "--bounding-set=-dac_override,-dac_read_search", *cmd]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    _one_error_line(out, "cannot be read: Permission denied")
+
+
+def test_spark_failure_is_one_line():
+    """Spark refusing to start (a driver memory below its minimum) is one line naming the
+    reason and the JVM's log; the JVM's stack trace goes to that log, not the terminal."""
+    import os
+    out = subprocess.run(
+        [sys.executable, "-m", "api.cli", "replay", str(capture("ok.pcap")), "--queries",
+         data_file("example.sql")], capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**os.environ, "FLOWSIEVE_SPARK__DRIVER_MEMORY": "100m"})
+    line = _one_error_line(out, "Spark did not start", "Insufficient driver memory")
+    log = Path(line.rsplit("its log: ", 1)[1].rstrip(")"))
+    assert "SparkIllegalArgumentException" in log.read_text()
+    log.unlink()
+
+
+def test_spark_reason_of_an_out_of_memory_error():
+    """A JVM OutOfMemoryError (as Py4J's error text carries it) becomes advice on driver
+    memory; an error that is not Spark's is left alone."""
+    from api.cli import spark_reason
+    e = RuntimeError("An error occurred while calling o123.collectToPython.\n"
+                     ": java.lang.OutOfMemoryError: Java heap space\n\tat java.base/...")
+    assert "ran out of memory" in spark_reason(e) and "driver_memory" in spark_reason(e)
+    assert spark_reason(ValueError("not Spark's")) is None
+
+
+def test_missing_java_is_one_line(tmp_path):
+    """Without java on PATH, replay says what to install before doing anything."""
+    import os
+    out = subprocess.run(
+        [sys.executable, "-m", "api.cli", "replay", str(capture("ok.pcap")), "--queries",
+         data_file("example.sql")], capture_output=True, text=True, cwd=ROOT, timeout=120,
+        env={**os.environ, "PATH": str(Path(sys.executable).parent)})
+    _one_error_line(out, "Java not found", "openjdk-17")
+
+
+def test_run_on_a_port_in_use(tmp_path):
+    """The API port is checked before Spark starts: an immediate one-line error."""
+    import socket
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(f"var_dir: {tmp_path / 'var'}\napi: {{host: 127.0.0.1, port: {port}}}\n")
+        out = run("run", "--config", str(cfg))
+    _one_error_line(out, f"cannot listen on 127.0.0.1:{port}", "Address already in use")
+    assert not (tmp_path / "var" / "checkpoints").exists()
+
+
+def test_version_fields_and_help():
+    from capture.fields import fields
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.startswith("flowsieve 0.")
+    out = run("fields", "--stream", "flows", "--format", "json")
+    doc = json.loads(out.stdout)
+    assert [f["name"] for f in doc] == list(fields("flows"))
+    assert all(f["type"] and f["meaning"] for f in doc)
+    text = run("fields").stdout
+    assert "dns_qname" in text and "est_bytes" in text
+    # every subcommand has a description and every flag a help text
+    from api.cli import parser
+    sub = next(a for a in parser()._actions if a.dest == "command")
+    assert set(sub.choices) == {"run", "replay", "decode", "plan", "fields"}
+    for name, p in sub.choices.items():
+        assert p.description, name
+        assert all(a.help for a in p._actions), name
+
+
+def test_progress_on_a_terminal_only():
+    """decode on a terminal shows a progress bar on it; into a pipe, nothing but the rows."""
+    import os
+    import pty
+    path = capture("wikipedia.pcap")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: stdout and stderr are the terminal
+        os.chdir(ROOT)
+        os.execv(sys.executable, [sys.executable, "-m", "api.cli", "decode", str(path)])
+    chunks = []
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.waitpid(pid, 0)
+    screen = b"".join(chunks).decode(errors="replace")
+    assert "decode packets" in screen  # the bar's label, drawn while reading
+    piped = run("decode", str(path))
+    assert piped.returncode == 0 and piped.stderr == ""
+    assert "decode packets" not in piped.stdout

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from capture.pcap import open_capture
 from capture.unpack import unpack
-from collector.prefilter import AscRuntime, compile_prefilter, run_prefilter
+from collector.asc_runtime import AscRuntime
+from collector.prefilter import compile_prefilter, run_prefilter
 from collector.residual import Residual
 from planner.plan import build_plan
 from planner.query import parse_queries

@@ -63,7 +63,7 @@ def test_replay_q123_equals_dpkt(name, spark, tmp_path):
 def replay_command(path, fmt: str) -> subprocess.CompletedProcess:
     """``flowsieve replay`` of Q1-Q3 in its own process (own JVM)."""
     return subprocess.run(
-        [sys.executable, "-m", "collector.cli", "replay", str(path), "--queries",
+        [sys.executable, "-m", "api.cli", "replay", str(path), "--queries",
          data_file("example.sql"), "--format", fmt],
         capture_output=True, text=True, cwd=ROOT, timeout=300)
 

@@ -11,16 +11,12 @@ import pytest
 from capture.fields import parse_prefix
 from capture.pcap import open_capture
 from capture.unpack import unpack
-from collector.prefilter import (
-    AscRuntime,
-    asc_regions,
-    compile_prefilter,
-    kernel_inputs,
-    run_prefilter,
-)
-from planner.asc import best_fixed_order, hybrid_arrows, macro_sequence, simulate
+from collector.asc_runtime import AscRuntime, asc_regions
+from collector.prefilter import compile_prefilter, kernel_inputs, run_prefilter
+from planner.asc import hybrid_arrows, macro_sequence
 from planner.plan import build_plan
 from planner.query import parse_queries
+from planner.reference import best_fixed_order, simulate
 from tests.conftest import capture
 from tests.reference import packets
 

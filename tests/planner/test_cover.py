@@ -9,10 +9,10 @@ from planner.cover import (
     Matrix,
     cover_matrix,
     eliminate_overlap,
-    exact_cover,
     find_rectangles,
     signatures,
 )
+from planner.reference import exact_cover
 
 # Golab et al., Figure 3: Q1: p1 p2 p3; Q2: p1 p2 p3 p4; Q3: p1 p4; Q4: p1; Q5: p1 p5 p6;
 # Q6: p5 p6 (rows are predicates, the sets are the queries referencing them)

@@ -1,0 +1,536 @@
+"""The command line: ``flowsieve run | replay | decode | plan | fields`` (stable: tests and
+benchmarks call it). It sits above the four packages (DESIGN: the one place that may import them
+all). A command that fails prints one line ``error: …`` on stderr and exits non-zero, never a
+traceback (``FLOWSIEVE_DEBUG=1`` prints the traceback too); long work shows progress on a
+terminal."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import traceback
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from capture.errors import CaptureError
+from capture.fields import IP, TS, fields, ip_text
+from capture.netflow import DEFAULT_FLOW_PORTS
+from planner.query import QueryError
+
+STREAMS = ("packets", "flows")
+FROM_CONFIG = object()  # --bits not given: the config's planner.bit_budget
+
+
+class CliError(Exception):
+    """A failure reported as one ``error: …`` line."""
+
+
+def _version() -> str:
+    try:
+        return version("flowsieve")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _ports(text: str) -> list[int]:
+    try:
+        ports = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port list: {text!r}") from None
+    if not ports or any(not 0 < p < 65536 for p in ports):
+        raise argparse.ArgumentTypeError(f"ports must be 1-65535: {text!r}")
+    return ports
+
+
+def _bits(text: str) -> int | None:
+    if text.lower() in ("none", "unlimited"):
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a bit count: {text!r} (a number or none)") \
+            from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("the bit budget is 0 or more")
+    return n
+
+
+PORTS_HELP = ("UDP ports of flow exports, comma-separated (default "
+              f"{','.join(map(str, DEFAULT_FLOW_PORTS))})")
+BITS_HELP = ("prefilter bit budget: a number, or none for one bit per rectangle (default: the "
+             "config's planner.bit_budget, as the daemon compiles)")
+CONFIG_HELP = "YAML config (default: the embedded defaults)"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="flowsieve",
+        description="Many continuous queries over packets and flow exports: a numba prefilter "
+                    "in front of Apache Spark.")
+    p.add_argument("--version", action="version", version=f"flowsieve {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    r = sub.add_parser("run", help="the daemon: API, capture sources, Spark job",
+                       description="Run the daemon: the REST control plane, the capture "
+                                   "sources and the Spark job.")
+    r.add_argument("--config", help=CONFIG_HELP)
+
+    rp = sub.add_parser("replay", help="run queries over a capture through the whole pipeline",
+                        description="Run queries over a capture file through the whole "
+                                    "pipeline, Spark included, and print every result row.")
+    rp.add_argument("capture", help="pcap or pcapng file: its packets for queries FROM packets, "
+                    "its NetFlow/IPFIX datagrams for queries FROM flows")
+    rp.add_argument("--queries", required=True, help="file of SQL statements")
+    rp.add_argument("--config", help=CONFIG_HELP + "; its planner, asc and spark sections apply")
+    rp.add_argument("--flow-ports", type=_ports, default=list(DEFAULT_FLOW_PORTS),
+                    help=PORTS_HELP)
+    rp.add_argument("--out", help="keep the spool, results and checkpoints in this folder "
+                    "(must be empty)")
+    rp.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                    help="table for people, csv or json lines for scripts (default table)")
+    rp.add_argument("--bits", type=_bits, default=FROM_CONFIG, help=BITS_HELP)
+
+    d = sub.add_parser("decode", help="print unpacked tuples or flow records",
+                       description="Print the catalogue fields of every packet, or every "
+                                   "NetFlow/IPFIX record, of a capture.")
+    d.add_argument("capture", help="pcap or pcapng file, or - for a pcap or pcapng stream on "
+                   "stdin (--stream flows: the NetFlow/IPFIX datagrams it holds)")
+    d.add_argument("--stream", choices=STREAMS, default="packets",
+                   help="packets: unpacked packet fields; flows: NetFlow v5/v9/IPFIX records")
+    d.add_argument("--flow-ports", type=_ports, default=list(DEFAULT_FLOW_PORTS),
+                   help=PORTS_HELP)
+    d.add_argument("--fields", help="comma-separated catalogue fields (default: all; see "
+                   "flowsieve fields)")
+    d.add_argument("--format", choices=("csv", "json"), default="csv",
+                   help="csv with a header row, or one JSON object per line (default csv)")
+
+    pl = sub.add_parser("plan", help="print the compiled plan",
+                        description="Compile queries and print the plan the daemon would run: "
+                                    "predicates, prefilter bits, ASCs, signatures, residuals.")
+    pl.add_argument("--queries", required=True, help="file of SQL statements")
+    pl.add_argument("--config", help=CONFIG_HELP + "; its planner and asc sections apply")
+    pl.add_argument("--bits", type=_bits, default=FROM_CONFIG, help=BITS_HELP)
+    pl.add_argument("--capture", help="measure selectivities and choose the ASC sequences on "
+                    "this pcap (adds expected invocations per tuple)")
+    pl.add_argument("--format", choices=("text", "json"), default="text",
+                    help="text for people, json for scripts (default text)")
+
+    f = sub.add_parser("fields", help="list the field catalogue",
+                       description="List the fields queries and decode can use, with their "
+                                   "types and meanings.")
+    f.add_argument("--stream", choices=(*STREAMS, "all"), default="all",
+                   help="the stream whose fields to list (default all)")
+    f.add_argument("--format", choices=("text", "json"), default="text",
+                   help="an aligned table, or a JSON list (default text)")
+    return p
+
+
+def check_java() -> None:
+    """Spark needs Java 17 or newer: say so clearly instead of a JVM stack trace."""
+    java = shutil.which("java")
+    if java is None:
+        raise CliError("Java not found: Spark needs Java 17 "
+                       "(Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless)")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    m = re.search(r'version "(\d+)', out)
+    if m and int(m.group(1)) < 17:
+        raise CliError(f"Java {m.group(1)} found, Spark needs Java 17 or newer")
+
+
+def check_capture(path: str) -> None:
+    """A capture argument that can be read, checked before any output is written."""
+    if path == "-":
+        return
+    p = Path(path)
+    if not p.exists():
+        raise CliError(f"capture {path} does not exist")
+    if p.is_dir():
+        raise CliError(f"capture {path} is a directory, not a pcap or pcapng file")
+    try:
+        with open(p, "rb"):
+            pass
+    except OSError as e:
+        raise CliError(f"capture {path} cannot be read: {e.strerror}") from e
+
+
+def check_port(host: str, port: int) -> None:
+    """The API port must be free before Spark starts (a clash would show 40 s later)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise CliError(f"api: cannot listen on {host}:{port}: {e.strerror} (set api.port "
+                           "in the config or FLOWSIEVE_API__PORT)") from e
+
+
+def _settings(path: str | None):
+    from pydantic import ValidationError
+
+    from collector.config import load_settings
+    try:
+        return load_settings(path)
+    except FileNotFoundError as e:
+        raise CliError(f"config: {e}") from e
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "config"
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise CliError(f"config: {where}: {first['msg']}{more}") from e
+    except ValueError as e:
+        raise CliError(f"config: {e}".replace("\n", "; ")) from e
+
+
+def _with_bits(settings, bits):
+    if bits is not FROM_CONFIG:
+        settings.planner.bit_budget = bits
+    return settings
+
+
+def _read_queries(path: str):
+    from planner.query import parse_queries
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise CliError(f"cannot read {path}: {e.strerror}") from e
+    try:
+        return parse_queries(text)
+    except QueryError as e:
+        raise CliError(f"{path}: {e}") from e
+
+
+class Progress:
+    """A progress bar on the terminal (rich, on stderr) while stdout is a terminal; nothing
+    when output goes to a file or a pipe."""
+
+    def __init__(self, what: str, total_bytes: int | None):
+        self.bar = None
+        if not (sys.stdout.isatty() and sys.stderr.isatty()):
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as Bar
+        self.bar = Bar(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                       TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                       console=Console(stderr=True), transient=True)
+        self.task = self.bar.add_task(what, total=total_bytes, rate="")
+        self.bar.start()
+
+    def update(self, description: str, done_bytes: int | None, records: int,
+               elapsed: float) -> None:
+        if self.bar is None:
+            return
+        rate = f"{records / elapsed:,.0f} records/s" if elapsed > 0 and records else ""
+        kw = {"completed": done_bytes} if done_bytes is not None else {}
+        self.bar.update(self.task, description=description, rate=rate, **kw)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _file_size(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size if path != "-" else None
+    except OSError:
+        return None
+
+
+def _measure(plan, capture: str):
+    """Selectivity of every cheap predicate on a capture, and the ASC sequence chosen on it."""
+    import numpy as np
+
+    from capture.pcap import open_capture
+    from capture.unpack import unpack
+    from collector.asc_runtime import AscRuntime
+    from collector.prefilter import compile_prefilter, run_prefilter
+    from collector.residual import eval_predicate
+    hits: dict[str, int] = {}
+    total = 0
+    cp = compile_prefilter(plan, "packets")
+    asc = AscRuntime(cp, "hybrid", period=1 << 62, sample=1 << 16)
+    for raw in open_capture(capture):
+        tb = unpack(raw)
+        rows = np.arange(len(tb))
+        total += len(tb)
+        for info in plan.predicates:
+            if info.cheap and info.predicate.stream == "packets":
+                hits[info.predicate.text] = hits.get(info.predicate.text, 0) + int(
+                    eval_predicate(info.predicate, tb, rows).sum())
+        run_prefilter(cp, tb, asc)
+    if asc._R:
+        asc.choose(np.concatenate(asc._R), np.concatenate(asc._Q0))
+    return ({k: v / total for k, v in hits.items()} if total else {}), (
+        asc.describe() if cp.ascs else None)
+
+
+def cmd_plan(args) -> int:
+    from planner.plan import build_plan
+    settings = _with_bits(_settings(args.config), args.bits)
+    queries = _read_queries(args.queries)
+    plan = build_plan(queries, **settings.plan_options())
+    sequence = None
+    if args.capture:
+        check_capture(args.capture)
+        selectivity, sequence = _measure(plan, args.capture)
+        plan = build_plan(queries, selectivity=selectivity, **settings.plan_options())
+    if args.format == "json":
+        doc = plan.to_json()
+        if sequence is not None:
+            doc["asc_sequence"] = sequence
+        print(json.dumps(doc, indent=2))
+    else:
+        print(plan.explain())
+        if sequence is not None:
+            micro = ", ".join(f"{m['from']} {m['region']} -> {m['to']}"
+                              for m in sequence["micro_arrows"]) or "none"
+            print(f"\nASC sequence chosen on {args.capture}: macro "
+                  f"{' -> '.join(sequence['macro_sequence'])}; micro-arrows: {micro}; "
+                  f"{sequence['asc_evaluations_per_tuple'] or 0:.2f} ASCs evaluated per tuple "
+                  "(in plan order while measuring)")
+    return 0
+
+
+def cmd_fields(args) -> int:
+    streams = STREAMS if args.stream == "all" else (args.stream,)
+    rows = [(s, f.name, f.kind, "group" if f.groupable else "",
+             "measure" if f.measure else "", f.doc)
+            for s in streams for f in fields(s).values()]
+    if args.format == "json":
+        print(json.dumps([{"stream": s, "name": n, "type": k, "groupable": bool(g),
+                           "measure": bool(m), "meaning": doc}
+                          for s, n, k, g, m, doc in rows], indent=2))
+        return 0
+    head = ("stream", "field", "type", "group by", "measure", "meaning")
+    width = [max(len(str(r[i])) for r in [head, *rows]) for i in range(5)]
+    for r in [head, *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r[:5], width, strict=True)) +
+              "  " + r[5])
+    return 0
+
+
+def _cell(kind: str, v, for_json: bool):
+    if v is None:
+        return None if for_json else ""
+    if kind == IP:
+        return ip_text(v)
+    if kind == TS:
+        s = f"{v // 1_000_000_000}.{v % 1_000_000_000:09d}"
+        return float(s) if for_json else s
+    return v
+
+
+def _write_rows(out, writer, names: list[str], kinds: list[str], cols: list[list]) -> None:
+    """Rows of columns as CSV (``writer``) or JSON lines."""
+    for row in zip(*cols, strict=True):
+        vals = [_cell(k, v, writer is None) for k, v in zip(kinds, row, strict=True)]
+        if writer:
+            writer.writerow(vals)
+        else:
+            out.write(json.dumps(dict(zip(names, vals, strict=True))) + "\n")
+
+
+def _field_names(stream: str, text: str | None) -> list[str]:
+    cat = fields(stream)
+    names = list(cat) if not text else [f.strip() for f in text.split(",")]
+    bad = [n for n in names if n not in cat]
+    if bad:
+        raise CliError(f"unknown {stream} field {bad[0]!r} (fields: {', '.join(cat)})")
+    return names
+
+
+def cmd_decode(args) -> int:
+    import time
+
+    from capture.netflow import Decoder, capture_flows
+    from capture.pcap import open_capture
+    from capture.unpack import unpack
+    stream = args.stream
+    cat = fields(stream)
+    names = _field_names(stream, args.fields)
+    kinds = [cat[n].kind for n in names]
+    check_capture(args.capture)
+    progress = Progress(f"decode {stream}", _file_size(args.capture))
+    decoder = Decoder() if stream == "flows" else None
+    try:
+        out = sys.stdout
+        writer = csv.writer(out, lineterminator="\n") if args.format == "csv" else None
+        reader = open_capture(args.capture)  # the file is opened before the header is written
+        if writer:
+            writer.writerow(names)
+        t0, records = time.monotonic(), 0
+        if stream == "packets":
+            for raw in reader:
+                tb = unpack(raw, names)
+                _write_rows(out, writer, names, kinds,
+                            [tb.ts_ns.tolist() if n == "ts" else tb.arrow(n).to_pylist()
+                             for n in names])
+                records += len(raw)
+                progress.update("decode packets", reader.stats.bytes, records,
+                                time.monotonic() - t0)
+        else:
+            for fb in capture_flows(reader, args.flow_ports, decoder):
+                _write_rows(out, writer, names, kinds,
+                            [fb.arrow(n).to_pylist() if cat[n].kind == IP
+                             else [None if v < 0 else int(v) for v in fb.column(n)]
+                             for n in names])
+                records += len(fb)
+                progress.update("decode flows", reader.stats.bytes, records,
+                                time.monotonic() - t0)
+    finally:
+        progress.close()
+        sys.stdout.flush()
+    if decoder is not None and decoder.errors:
+        detail = ", ".join(f"{k}: {v}" for k, v in sorted(decoder.errors.items()))
+        print(f"decode: input skipped ({detail})", file=sys.stderr)
+    return 0
+
+
+def cmd_replay(args) -> int:
+    import time
+
+    from collector.replay import replay
+    from collector.results import format_results, rows_of
+    from collector.spark.job import build_session
+    queries = _read_queries(args.queries)
+    check_capture(args.capture)
+    settings = _with_bits(_settings(args.config), args.bits)
+    check_java()
+    s = settings.spark
+    tmp = None
+    if args.out:
+        work = Path(args.out)
+        if work.exists() and any(work.iterdir()):
+            raise CliError(f"--out {work} is not empty (replay needs a fresh spool and "
+                           "checkpoints)")
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="flowsieve-replay-")
+        work = Path(tmp.name)
+    size = _file_size(args.capture)
+    progress = Progress("starting Spark", size)
+    t0 = time.monotonic()
+    # the JVM's own output (stack traces) goes to a log the error line names, not the terminal
+    jvm_log = Path(tempfile.gettempdir()) / f"flowsieve-replay-{os.getpid()}-spark.log"
+
+    def report(stage: str, records: int) -> None:
+        if records < 0:  # Spark's stage: the input is all read
+            progress.update(stage, size, 0, 0)
+        else:
+            progress.update(stage, None, records, time.monotonic() - t0)
+    try:
+        try:
+            spark = build_session(s.master, s.driver_memory, s.shuffle_partitions,
+                                  s.state_store == "rocksdb", s.extra, "flowsieve-replay",
+                                  jvm_log=jvm_log)
+        except Exception as e:  # the JVM did not start: say why in one line
+            raise CliError(f"Spark did not start: {spark_reason(e) or e} (its log: "
+                           f"{jvm_log})") from e
+        try:
+            res = replay(args.capture, queries, work, spark, settings=settings,
+                         flow_ports=args.flow_ports, progress=report)
+        except Exception as e:
+            reason = spark_reason(e)
+            if reason is None:
+                raise
+            raise CliError(f"Spark failed: {reason} (its log: {jvm_log})") from e
+        finally:
+            with contextlib.suppress(Exception):
+                spark.stop()
+        jvm_log.unlink(missing_ok=True)
+        progress.close()
+        sys.stdout.write(format_results(
+            [(q, rows_of(q, t)) for q, t in res.answers], args.format))
+        sys.stdout.flush()
+        if res.error is not None:
+            raise res.error
+    finally:
+        progress.close()
+        if tmp is not None:
+            tmp.cleanup()
+    return 0
+
+
+def spark_reason(e: BaseException) -> str | None:
+    """One line saying why Spark failed, from a Py4J or PySpark error (None: not Spark's)."""
+    text = str(e)
+    names = {type(x).__module__.split(".")[0] for x in (e, e.__cause__, e.__context__) if x}
+    if not names & {"py4j", "pyspark"} and "java." not in text:
+        return None
+    if "OutOfMemoryError" in text:
+        return ("the JVM ran out of memory (java.lang.OutOfMemoryError); raise spark."
+                "driver_memory in the config (FLOWSIEVE_SPARK__DRIVER_MEMORY)")
+    for line in text.splitlines():
+        line = line.strip()
+        m = re.search(r"((?:java|org\.apache\.spark)[\w.$]*(?:Exception|Error)): ?(.*)", line)
+        if m:
+            return f"{m.group(1)}: {m.group(2)}".rstrip(": ")
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
+    return first[:300]
+
+
+def cmd_run(args) -> int:
+    settings = _settings(args.config)
+    check_port(settings.api.host, settings.api.port)
+    check_java()
+    import uvicorn
+
+    from api.app import create_app
+    from collector.service import Collector
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per Spark callback
+    collector = Collector(settings)
+    app = create_app(collector, manage=True)
+    uvicorn.run(app, host=settings.api.host, port=settings.api.port, log_level="info")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "replay": cmd_replay, "decode": cmd_decode, "plan": cmd_plan,
+            "fields": cmd_fields}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (CliError, CaptureError, QueryError) as e:
+        return _fail(str(e))
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        return _fail(f"{where}{e.strerror or e}")
+    except Exception as e:  # never a traceback: one line, the traceback on request
+        if os.environ.get("FLOWSIEVE_DEBUG") == "1":
+            traceback.print_exc()
+        reason = spark_reason(e)
+        if reason:
+            return _fail(f"Spark failed: {reason}")
+        first = str(e).splitlines()[0] if str(e) else ""
+        return _fail(f"internal error: {type(e).__name__}: {first} (FLOWSIEVE_DEBUG=1 prints "
+                     "the traceback)")
+
+
+def _fail(message: str) -> int:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
