@@ -43,6 +43,7 @@ from planner.cover import (  # noqa: E402
 from planner.plan import Plan, QueryPlan, build_plan  # noqa: E402
 from planner.query import parse_queries  # noqa: E402
 from planner.reference import best_fixed_order, exact_cover, simulate  # noqa: E402
+from planner.slots import set_bit_rows  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH = 65536
@@ -222,10 +223,7 @@ def naive_columnar_kernel(ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_
                          a_v, a_ip, set_vals)
             for i in range(n):
                 acc[i] &= col[i]
-        s = q_slot[q]
-        bit = np.uint64(1) << np.uint64(s & 63)
-        for i in range(n):
-            Q[i, s >> 6] |= bit * np.uint64(acc[i])
+        set_bit_rows(Q, q_slot[q], acc)
     return 0
 
 
@@ -257,10 +255,7 @@ def shared_only_columnar_kernel(ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a
                 row = col
             for i in range(n):
                 acc[i] &= row[i]
-        s = q_slot[q]
-        bit = np.uint64(1) << np.uint64(s & 63)
-        for i in range(n):
-            Q[i, s >> 6] |= bit * np.uint64(acc[i])
+        set_bit_rows(Q, q_slot[q], acc)
     return 0
 
 

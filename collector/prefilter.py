@@ -17,7 +17,7 @@ from capture.unpack import TupleBatch
 from collector.asc_runtime import AscRuntime
 from planner.asc import ASC, qrb_words, qub_words
 from planner.plan import Plan
-from planner.slots import n_words
+from planner.slots import n_words, set_bit_rows
 
 OPS = {"=": 0, "!=": 1, "<": 2, "<=": 3, ">": 4, ">=": 5, "in": 6, "between": 7, "prefix": 8}
 
@@ -276,11 +276,7 @@ def prefilter_kernel(ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip, s
         c += 1
     if B.shape[0] == n:
         for b in range(n_bits):
-            row = M[bit_row[b]]
-            w = b >> 6
-            bit = np.uint64(1) << np.uint64(b & 63)
-            for i in range(n):
-                B[i, w] |= bit * np.uint64(row[i])
+            set_bit_rows(B, b, M[bit_row[b]])
     acc = np.empty(n, dtype=np.bool_)
     for q in range(s_slot.shape[0]):
         acc[:] = True
@@ -288,11 +284,7 @@ def prefilter_kernel(ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip, s
             row = M[bit_row[s_bits[k]]]
             for i in range(n):
                 acc[i] &= row[i]
-        s = s_slot[q]
-        w = s >> 6
-        bit = np.uint64(1) << np.uint64(s & 63)
-        for i in range(n):
-            Q[i, w] |= bit * np.uint64(acc[i])
+        set_bit_rows(Q, s_slot[q], acc)
     kept = 0
     for i in range(n):
         any_q = False

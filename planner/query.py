@@ -468,16 +468,20 @@ class _Builder:
             raise self.err(f"{node.sql()} must also appear in SELECT", node)
         raise self.err(f"{node.sql()!r} is not an output column", node)
 
+    def conjuncts(self, node: exp.Expression, clause: str) -> list[exp.Expression]:
+        """The conditions ANDed in a WHERE or HAVING, at most MAX_CONJUNCTS of them."""
+        terms = _conjuncts(node)
+        if len(terms) > MAX_CONJUNCTS:
+            raise self.err(f"{clause} has {len(terms)} conditions joined by AND; a query takes "
+                           f"at most {MAX_CONJUNCTS} (condition {MAX_CONJUNCTS + 1} is here)",
+                           terms[MAX_CONJUNCTS])
+        return terms
+
     def having(self, node, outputs) -> tuple[Condition, ...]:
         if node is None:
             return ()
         out = []
-        terms = _conjuncts(node.this)
-        if len(terms) > MAX_CONJUNCTS:
-            raise self.err(f"HAVING has {len(terms)} conditions joined by AND; a query takes "
-                           f"at most {MAX_CONJUNCTS} (condition {MAX_CONJUNCTS + 1} is here)",
-                           terms[MAX_CONJUNCTS])
-        for c in terms:
+        for c in self.conjuncts(node.this, "HAVING"):
             op = CMP_NODES.get(type(c))
             if op is None:
                 raise self.err("HAVING takes comparisons of an output with a number, "
@@ -503,12 +507,7 @@ class _Builder:
         if node is None:
             return ()
         preds: list[Predicate] = []
-        terms = _conjuncts(node.this)
-        if len(terms) > MAX_CONJUNCTS:
-            raise self.err(f"WHERE has {len(terms)} conditions joined by AND; a query takes at "
-                           f"most {MAX_CONJUNCTS} (condition {MAX_CONJUNCTS + 1} is here)",
-                           terms[MAX_CONJUNCTS])
-        for c in terms:
+        for c in self.conjuncts(node.this, "WHERE"):
             atoms = tuple(sorted(set(self.atoms(c))))
             p = Predicate(self.stream, atoms)
             if p not in preds:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numba as nb
 import numpy as np
 
 
@@ -37,3 +38,13 @@ def clear_slot(Q: np.ndarray, rows: np.ndarray, slot: int) -> None:
     """Clear the slot's bit in the given rows of ``Q``."""
     w, bit = slot_bit(slot)
     Q[rows, w] &= ~bit
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def set_bit_rows(M, k, rows):
+    """In numba kernels: set bit ``k`` (of word ``k >> 6``) in every row ``i`` of ``M`` where
+    ``rows[i]`` holds (branch-free: the bit times the row's truth)."""
+    w = k >> 6
+    bit = np.uint64(1) << np.uint64(k & 63)
+    for i in range(rows.shape[0]):
+        M[i, w] |= bit * np.uint64(rows[i])

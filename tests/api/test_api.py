@@ -104,7 +104,7 @@ def test_exporters_of_a_flow_listener(tmp_path):
     c = Collector(load_settings(var_dir=tmp_path / "var", sources=[src]))
     c.start(with_sources=True, with_spark=False)
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120  # bounds a hang; the loops end on their condition
         while not c.sources[0].listener.bound and time.monotonic() < deadline:
             time.sleep(0.05)
         dest = c.sources[0].listener.bound[0]

@@ -49,9 +49,7 @@ def test_ipv4_and_ipv6_exporters():
         for _ in range(50):
             s4.sendto(v5, lst.bound[0])
             s6.sendto(v5, lst.bound[1])
-    deadline = time.monotonic() + 10
-    while lst.stats.datagrams < 100 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert wait_for(lambda: lst.stats.datagrams >= 100)
     stop.set()
     t.join()
     fb = FlowBatch.concat(out)
@@ -74,11 +72,35 @@ def test_kernel_receive_drops_are_counted():
     stop, out = threading.Event(), []
     t = threading.Thread(target=_collect, args=(lst, Decoder(), stop, out))
     t.start()
-    time.sleep(1.0)
+    assert wait_for(lambda: udp_queue(lst.bound[0][1]) == 0)  # the buffer is drained
+    assert wait_for(lambda: lst.stats.datagrams + lst.stats.kernel_drops == sent)
     stop.set()
     t.join()
     assert lst.stats.kernel_drops > 0
     assert lst.stats.datagrams + lst.stats.kernel_drops == sent
+
+
+def wait_for(cond, limit_s: float = 120.0) -> bool:
+    """Poll ``cond`` until it holds; ``limit_s`` only bounds a hang (a busy machine makes the
+    test slower, never wrong)."""
+    deadline = time.monotonic() + limit_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def udp_queue(port: int) -> int | None:
+    """Bytes waiting in the receive queue of the IPv4 UDP socket bound to ``port`` on this
+    machine (/proc/net/udp), or None when no socket is bound to it."""
+    with open("/proc/net/udp") as f:
+        next(f)
+        for line in f:
+            cols = line.split()
+            if int(cols[1].split(":")[1], 16) == port:
+                return int(cols[4].split(":")[1], 16)
+    return None
 
 
 def _free_udp_port() -> int:
@@ -111,13 +133,14 @@ def test_live_softflowd_to_flowsieve_and_nfcapd(version, tmp_path):
                            "-t", "60", "-I", "t"], stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
     try:
-        time.sleep(1.0)
+        assert wait_for(lambda: udp_queue(nport) is not None)  # nfcapd is listening
         for dest in (port, nport):
             subprocess.run(["softflowd", "-d", "-r", str(pcap), "-n", f"127.0.0.1:{dest}",
                             "-v", version, "-a", "-A", "milli", "-p",
                             str(tmp_path / "sf.pid")], check=True, capture_output=True,
                            timeout=60)
-        time.sleep(1.0)
+        # both receivers have read every datagram before nfcapd is told to write its file
+        assert wait_for(lambda: udp_queue(nport) == 0 and udp_queue(port) == 0)
     finally:
         nf.send_signal(signal.SIGTERM)
         nf.wait(timeout=30)
@@ -172,9 +195,7 @@ def test_receive_errors_are_counted_and_receiving_goes_on():
         for _ in range(5):
             s.sendto(v5, lst.bound[0])
             time.sleep(0.05)
-    deadline = time.monotonic() + 10
-    while lst.stats.datagrams < 5 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert wait_for(lambda: lst.stats.datagrams >= 5)
     stop.set()
     t.join()
     lst.close()

@@ -80,8 +80,19 @@ class Capturing:
             if raw is not None:
                 self.records.extend(raw.records())
 
-    def finish(self, settle_s=0.4):
-        time.sleep(settle_s)  # the ring hands over partly filled blocks after 50 ms
+    def settle(self, limit_s: float = 120.0) -> None:
+        """Wait until every frame the kernel accepted has reached the reader (the ring hands
+        over a partly filled block after its timeout); ``limit_s`` only bounds a hang, so a
+        busy machine makes the test slower, never wrong."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            k = self.cap.stats()
+            if len(self.records) >= k.packets - k.drops:
+                return
+            time.sleep(0.05)
+
+    def finish(self):
+        self.settle()
         self.stop.set()
         self.thread.join()
         self.cap.close()
@@ -166,7 +177,7 @@ def test_filter_swapped_while_capturing(veth):
     cap = LiveCapture(veth[0], bpf=udp.bpf, ring=RingConfig(1 << 20, 8))
     c = Capturing(cap)
     replay(veth, "ok.pcap")
-    time.sleep(0.4)
+    c.settle()
     first = len(c.records)
     cap.set_filter(tcp.bpf)
     replay(veth, "ok.pcap")
@@ -221,9 +232,11 @@ def test_daemon_exports_kernel_statistics(veth, tmp_path):
     col = Collector(settings)
     col.start(with_spark=False)
     try:
-        time.sleep(0.5)
+        opened = time.monotonic() + 120  # the source thread opens the socket
+        while col.sources[0].capture.sock is None and time.monotonic() < opened:
+            time.sleep(0.05)
         sent = replay(veth, "ok.pcap")
-        deadline = time.time() + 10
+        deadline = time.time() + 120  # bounds a hang: a cold numba compile takes seconds
         text = ""
         while time.time() < deadline:
             text = generate_latest(col.metrics.registry).decode()

@@ -38,6 +38,15 @@ LOGSTASH = LOCAL / "logstash-dat"
 HEX = LOCAL / "python-netflow-hex"
 
 
+def export_capture(name: str, tmp_path: Path) -> Path:
+    """A shared export capture, with its template capture merged in front (PAIRS)."""
+    path = flow_data(name)
+    if name in PAIRS:
+        need_tool("mergecap")
+        path = merged(tmp_path, flow_data(PAIRS[name]), path)
+    return path
+
+
 def decode_all(path: Path, decoder: Decoder | None = None) -> tuple[FlowBatch, Decoder]:
     d = decoder or Decoder()
     fb = FlowBatch.concat(list(capture_flows(path, FLOW_PORTS, d)))
@@ -47,10 +56,7 @@ def decode_all(path: Path, decoder: Decoder | None = None) -> tuple[FlowBatch, D
 @pytest.mark.parametrize("name", PCAPS)
 def test_record_counts_equal_tshark(name, tmp_path):
     need_tool("tshark")
-    path = flow_data(name)
-    if name in PAIRS:
-        need_tool("mergecap")
-        path = merged(tmp_path, flow_data(PAIRS[name]), path)
+    path = export_capture(name, tmp_path)
     fb, d = decode_all(path)
     assert not d.errors, d.errors
     expected = tshark_records(path)
@@ -476,10 +482,7 @@ def test_field_values_equal_tshark(name, tmp_path):
     interfaces, AS numbers, masks and direction equal what tshark's cflow dissector decodes
     from the same element (pmacct, akvorado, Juniper and scapy captures)."""
     need_tool("tshark")
-    path = flow_data(name)
-    if name in PAIRS:
-        need_tool("mergecap")
-        path = merged(tmp_path, flow_data(PAIRS[name]), path)
+    path = export_capture(name, tmp_path)
     fb, _ = decode_all(path)
     want = tshark_flows(path)
     got = [{k: r[k] for k in w} for r, w in zip(_in_order(fb.rows(), want), want, strict=True)]

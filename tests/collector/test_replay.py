@@ -81,6 +81,12 @@ def test_replay_command_csv(tmp_path):
         got[r["query"]][(int(r["t"]), r["src_ip"], r["dst_ip"])] = (int(r["pkts"]),
                                                                      int(r["bytes"]))
     assert dict(got) == ref
+    # the README's example is this command's real output
+    readme = (ROOT / "README.md").read_text()
+    cmd = ("$ flowsieve replay tests/data/pcap/wikipedia.pcap --queries "
+           "collector/data/example.sql --format csv\n")
+    example = readme[readme.index(cmd) + len(cmd):]
+    assert example[:example.index("```")] == out.stdout
 
 
 def test_replay_corrupt_capture_answers_what_was_read(tmp_path):
