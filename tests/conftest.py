@@ -22,24 +22,8 @@ settings.register_profile("ci", derandomize=True, database=None, print_blob=True
 settings.register_profile("dev", print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") or STRICT else "dev")
 
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """Under FLOWSIEVE_STRICT=1 a skip, by whatever path, is a failure."""
-    outcome = yield
-    report = outcome.get_result()
-    if STRICT and report.skipped and not hasattr(report, "wasxfail"):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
-        report.outcome = "failed"
-        report.longrepr = f"FLOWSIEVE_STRICT=1 forbids skipping: {reason}"
-
-
-def pytest_collectreport(report):
-    """A module skipped at collection (importorskip, a module-level skip) fails under strict."""
-    if STRICT and report.skipped:
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
-        report.outcome = "failed"
-        report.longrepr = f"FLOWSIEVE_STRICT=1 forbids skipping: {reason}"
+# under FLOWSIEVE_STRICT=1 every skip, by whatever path, fails (tests/strict.py)
+pytest_plugins = ["tests.strict"]
 
 
 def need(condition: bool, reason: str) -> None:

@@ -212,3 +212,46 @@ def test_progress_on_a_terminal_only():
     piped = run("decode", str(path))
     assert piped.returncode == 0 and piped.stderr == ""
     assert "decode packets" not in piped.stdout
+
+
+def test_plan_command_prints_the_plan_the_daemon_runs(tmp_path):
+    """`flowsieve plan --config` compiles as the daemon does (one planner configuration): the
+    same bits, signatures, ASCs and residuals as GET /prefilter of a collector on that config.
+    Before, plan used unlimited bits while the daemon used a budget of 64."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from collector.config import load_settings
+    from collector.service import Collector
+    queries = tmp_path / "q.sql"
+    queries.write_text(Path(data_file("example.sql")).read_text() + """
+-- name: web
+SELECT time/60 AS t, count(*) AS n FROM packets WHERE protocol = 6 AND dst_port IN (80, 443, 8080)
+GROUP BY time/60;
+""")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"var_dir: {tmp_path / 'var'}\ninitial_queries: {queries}\n"
+                   "planner: {bit_budget: 2, max_j: 2}\nasc: {min_constants: 3}\n")
+    c = Collector(load_settings(cfg))
+    c.start(with_sources=False, with_spark=False)
+    try:
+        with TestClient(create_app(c)) as client:
+            daemon = client.get("/prefilter").json()
+    finally:
+        c.stop()
+    out = run("plan", "--queries", str(queries), "--config", str(cfg), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    cli = json.loads(out.stdout)
+
+    def shape(doc):
+        preds = {p["id"]: p["text"] for p in doc["predicates"]}
+        return ([sorted(preds[i] for i in b["predicates"]) for b in doc["bits"]],
+                [(q["name"], q["signature"], q["ascs"], sorted(preds[i] for i in q["residual"]))
+                 for q in doc["queries"]],
+                [a["attribute"] for a in doc["ascs"]])
+    assert shape(cli) == shape(daemon)
+    assert len(cli["bits"]) == 2 and cli["ascs"]  # the budget and the ASC rule applied
+    # --bits overrides the config's budget
+    more = json.loads(run("plan", "--queries", str(queries), "--config", str(cfg), "--bits",
+                          "none", "--format", "json").stdout)
+    assert len(more["bits"]) > 2
