@@ -1,0 +1,228 @@
+"""LFTA partial aggregation (Gigascope's low-level aggregation, prefilter paper §3.1): tuples are
+merged into small hash tables before anything reaches the spool, so Spark (the HFTA) sees one
+partial row per (window, group, query-bit pattern) and flush instead of one row per tuple.
+
+A ``PartialTable`` is one numba open-addressing hash table (linear probing, power-of-two
+capacity) keyed by a row of int64 key words: the window start, the node's group-key columns (an
+address takes three words: validity and two 64-bit halves) and the query-bit pattern. It holds
+``cnt`` and per measure ``sum``, ``min`` and ``max``. Tuples and partial rows go through the same
+merge, so a partial is always mergeable with another (as the HFTA merges the partials of several
+capture daemons). The table is flushed:
+
+- ``full``: at ``max_load`` of its capacity (the caller gets what was flushed and goes on);
+- ``window``: when the watermark closes windows (only the closed windows' rows leave);
+- ``age``: when its oldest row is older than ``max_age_s`` (rows never wait forever);
+- ``shutdown``: at the end of input.
+
+Nothing accepted is lost or counted twice: the rows flushed over a table's life, merged, equal
+the aggregate of every tuple added (tests check this against a Python dictionary aggregator).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numba as nb
+import numpy as np
+
+I64_MAX = np.iinfo(np.int64).max
+I64_MIN = np.iinfo(np.int64).min
+FLUSH_REASONS = ("full", "window", "age", "shutdown")
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _hash(keys, i):
+    """A 64-bit mix of row ``i``'s key words (splitmix64 finaliser per word)."""
+    h = np.uint64(0x9E3779B97F4A7C15)
+    for k in range(keys.shape[1]):
+        x = h ^ np.uint64(keys[i, k])
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        h = x ^ (x >> np.uint64(31))
+    return h
+
+
+@nb.njit(cache=True, nogil=True)
+def merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, cnt, sums,
+               mins, maxs, start):
+    """Merge rows ``start…`` of (keys, cnt, sums, mins, maxs) into the table; stop before a row
+    that would make the table hold more than ``limit`` entries. Returns (next row, entries)."""
+    mask = np.uint64(t_keys.shape[0] - 1)
+    kw = keys.shape[1]
+    n_meas = sums.shape[1]
+    for i in range(start, keys.shape[0]):
+        slot = np.int64(_hash(keys, i) & mask)
+        while True:
+            if not t_used[slot]:
+                if n_used >= limit:
+                    return i, n_used
+                t_used[slot] = True
+                for k in range(kw):
+                    t_keys[slot, k] = keys[i, k]
+                t_cnt[slot] = cnt[i]
+                for m in range(n_meas):
+                    t_sum[slot, m] = sums[i, m]
+                    t_min[slot, m] = mins[i, m]
+                    t_max[slot, m] = maxs[i, m]
+                n_used += 1
+                break
+            same = True
+            for k in range(kw):
+                if t_keys[slot, k] != keys[i, k]:
+                    same = False
+                    break
+            if same:
+                t_cnt[slot] += cnt[i]
+                for m in range(n_meas):
+                    t_sum[slot, m] += sums[i, m]
+                    if mins[i, m] < t_min[slot, m]:
+                        t_min[slot, m] = mins[i, m]
+                    if maxs[i, m] > t_max[slot, m]:
+                        t_max[slot, m] = maxs[i, m]
+                break
+            slot = np.int64((np.uint64(slot) + np.uint64(1)) & mask)
+    return keys.shape[0], n_used
+
+
+@dataclass
+class Partials:
+    """Partial aggregate rows: key words, count, and per measure sum, min and max."""
+
+    keys: np.ndarray  # (n, key words) int64; column 0 is the window start
+    cnt: np.ndarray  # (n,) int64
+    sums: np.ndarray  # (n, measures) int64
+    mins: np.ndarray
+    maxs: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.cnt)
+
+    @classmethod
+    def of_tuples(cls, keys: np.ndarray, meas: np.ndarray) -> Partials:
+        """Each tuple as a partial of one (cnt 1, sum = min = max = the measure)."""
+        return cls(keys, np.ones(len(keys), np.int64), meas, meas, meas)
+
+    @classmethod
+    def empty(cls, key_words: int, n_measures: int) -> Partials:
+        z = np.zeros((0, n_measures), np.int64)
+        return cls(np.zeros((0, key_words), np.int64), np.zeros(0, np.int64), z, z, z)
+
+    @classmethod
+    def concat(cls, parts: list[Partials]) -> Partials:
+        return cls(*(np.concatenate([getattr(p, f) for p in parts])
+                     for f in ("keys", "cnt", "sums", "mins", "maxs")))
+
+    def take(self, idx: np.ndarray) -> Partials:
+        return Partials(self.keys[idx], self.cnt[idx], self.sums[idx], self.mins[idx],
+                        self.maxs[idx])
+
+
+@dataclass
+class LftaStats:
+    """Counters of one table (the collector exports them as metrics)."""
+
+    rows_in: int = 0  # tuples or partial rows merged in
+    rows_out: int = 0  # partial rows flushed
+    flushes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FLUSH_REASONS, 0))
+
+
+class PartialTable:
+    """One LFTA hash table (see the module docstring). ``capacity`` is rounded up to a power of
+    two; memory is about ``capacity × 8 × (key words + 1 + 3 × measures)`` bytes."""
+
+    def __init__(self, key_words: int, n_measures: int, capacity: int = 1 << 16,
+                 max_load: float = 0.5, max_age_s: float = 60.0):
+        if key_words < 1:
+            raise ValueError("an LFTA key has at least the window start")
+        if not 0 < max_load <= 0.9:
+            raise ValueError("max_load is in (0, 0.9]: open addressing needs free slots")
+        cap = 1 << max(4, int(capacity - 1).bit_length())
+        self.key_words, self.n_measures = key_words, n_measures
+        self.capacity, self.limit = cap, max(1, int(cap * max_load))
+        self.max_age_ns = int(max_age_s * 1e9)
+        self.stats = LftaStats()
+        self._oldest_ns: int | None = None  # arrival time of the oldest unflushed row
+        self._alloc()
+
+    def _alloc(self) -> None:
+        cap, m = self.capacity, self.n_measures
+        self.t_keys = np.zeros((cap, self.key_words), np.int64)
+        self.t_used = np.zeros(cap, np.bool_)
+        self.t_cnt = np.zeros(cap, np.int64)
+        self.t_sum = np.zeros((cap, m), np.int64)
+        self.t_min = np.full((cap, m), I64_MAX, np.int64)
+        self.t_max = np.full((cap, m), I64_MIN, np.int64)
+        self.n_used = 0
+
+    def __len__(self) -> int:
+        return self.n_used
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.t_keys, self.t_used, self.t_cnt, self.t_sum,
+                                      self.t_min, self.t_max))
+
+    def merge(self, rows: Partials, now_ns: int | None = None) -> list[Partials]:
+        """Merge partial rows (or tuples, ``Partials.of_tuples``) into the table; returns what
+        had to be flushed because the table filled up (each flush empties it)."""
+        out: list[Partials] = []
+        if len(rows) and self._oldest_ns is None:
+            self._oldest_ns = now_ns
+        pos = 0
+        while pos < len(rows):
+            pos, self.n_used = merge_rows(
+                self.t_keys, self.t_used, self.t_cnt, self.t_sum, self.t_min, self.t_max,
+                self.n_used, self.limit, rows.keys, rows.cnt, rows.sums, rows.mins, rows.maxs,
+                pos)
+            if pos < len(rows):
+                out.append(self._drain("full"))
+                self._oldest_ns = now_ns
+        self.stats.rows_in += len(rows)
+        return out
+
+    def flush_windows(self, before: int) -> Partials:
+        """Flush the rows of windows that start before ``before`` (closed by the watermark);
+        the rest stay."""
+        if not self.n_used:
+            return Partials.empty(self.key_words, self.n_measures)
+        idx = np.flatnonzero(self.t_used)
+        closed = self.t_keys[idx, 0] < before
+        if not closed.any():
+            return Partials.empty(self.key_words, self.n_measures)
+        rows = self._rows(idx)
+        self._alloc()
+        keep = rows.take(np.flatnonzero(~closed))
+        if len(keep):
+            merge_rows(self.t_keys, self.t_used, self.t_cnt, self.t_sum, self.t_min,
+                       self.t_max, 0, self.limit, keep.keys, keep.cnt, keep.sums, keep.mins,
+                       keep.maxs, 0)
+            self.n_used = len(keep)
+        else:
+            self._oldest_ns = None
+        return self._count("window", rows.take(np.flatnonzero(closed)))
+
+    def flush_if_old(self, now_ns: int) -> Partials | None:
+        """Flush everything when the oldest row waited longer than ``max_age_s``."""
+        if self._oldest_ns is None or now_ns - self._oldest_ns < self.max_age_ns:
+            return None
+        return self._drain("age")
+
+    def flush_all(self) -> Partials:
+        """Flush every row (end of input, shutdown, a plan change)."""
+        return self._drain("shutdown")
+
+    def _rows(self, idx: np.ndarray) -> Partials:
+        return Partials(self.t_keys[idx], self.t_cnt[idx], self.t_sum[idx], self.t_min[idx],
+                        self.t_max[idx])
+
+    def _drain(self, reason: str) -> Partials:
+        rows = self._rows(np.flatnonzero(self.t_used))
+        self._alloc()
+        self._oldest_ns = None
+        return self._count(reason, rows)
+
+    def _count(self, reason: str, rows: Partials) -> Partials:
+        if len(rows):
+            self.stats.flushes[reason] += 1
+            self.stats.rows_out += len(rows)
+        return rows

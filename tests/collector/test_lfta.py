@@ -1,0 +1,146 @@
+"""The LFTA hash tables against a Python dictionary aggregator: hypothesis-made tuple streams
+that force every kind of flush, and a real capture whose truth dpkt and scapy give. Whatever the
+flushes, the partial rows they emit, merged, equal the aggregate of every tuple added: nothing
+lost, nothing counted twice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scapy.utils import RawPcapReader
+
+from capture.fields import ip_bytes
+from capture.pcap import open_capture
+from capture.unpack import unpack
+from collector.lfta import Partials, PartialTable
+from tests.conftest import capture
+from tests.reference import packets
+
+
+def truth(keys: np.ndarray, meas: np.ndarray) -> dict:
+    """key tuple -> [count, (sum, min, max) per measure], one tuple at a time."""
+    out: dict = {}
+    for k, m in zip(map(tuple, keys.tolist()), meas.tolist(), strict=True):
+        acc = out.get(k)
+        if acc is None:
+            out[k] = [1, [[v, v, v] for v in m]]
+        else:
+            acc[0] += 1
+            for a, v in zip(acc[1], m, strict=True):
+                a[0] += v
+                a[1] = min(a[1], v)
+                a[2] = max(a[2], v)
+    return out
+
+
+def merged(parts: list[Partials]) -> dict:
+    """The flushed partial rows merged per key (as the HFTA merges them)."""
+    out: dict = {}
+    for p in parts:
+        for i in range(len(p)):
+            k = tuple(p.keys[i].tolist())
+            row = [[int(p.sums[i, m]), int(p.mins[i, m]), int(p.maxs[i, m])]
+                   for m in range(p.sums.shape[1])]
+            acc = out.get(k)
+            if acc is None:
+                out[k] = [int(p.cnt[i]), row]
+            else:
+                acc[0] += int(p.cnt[i])
+                for a, r in zip(acc[1], row, strict=True):
+                    a[0] += r[0]
+                    a[1] = min(a[1], r[1])
+                    a[2] = max(a[2], r[2])
+    return out
+
+
+steps = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.lists(st.tuples(st.sampled_from([0, 60, 120, 180]),
+                                                 st.integers(0, 5), st.integers(-1, 3),
+                                                 st.integers(0, 1500), st.integers(0, 9)),
+                                       min_size=1, max_size=40)),
+    st.tuples(st.just("window"), st.sampled_from([0, 60, 120, 180, 240])),
+    st.tuples(st.just("age"), st.integers(0, 30)),
+), max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps, st.sampled_from([16, 32, 256]))
+def test_flushes_lose_and_double_nothing(program, capacity):
+    """Adds interleaved with window closes and age checks, on tables small enough to fill:
+    every flush emits disjoint rows whose merge is the truth of all tuples added."""
+    t = PartialTable(key_words=3, n_measures=2, capacity=capacity, max_load=0.5, max_age_s=10)
+    out, added, now = [], [], 0
+    for op, arg in program:
+        if op == "add":
+            rows = np.array(arg, np.int64)
+            added.append(rows)
+            out += t.merge(Partials.of_tuples(rows[:, :3], rows[:, 3:]), now_ns=now)
+            assert len(t) <= t.limit
+        elif op == "window":
+            part = t.flush_windows(arg)
+            assert (part.keys[:, 0] < arg).all()
+            assert not (t.t_keys[t.t_used, 0] < arg).any()  # no closed window stays
+            out.append(part)
+        else:
+            now += arg * 1_000_000_000
+            part = t.flush_if_old(now)
+            if part is not None:
+                out.append(part)
+                assert len(t) == 0
+    out.append(t.flush_all())
+    assert len(t) == 0
+    rows = np.concatenate(added) if added else np.zeros((0, 5), np.int64)
+    assert merged(out) == truth(rows[:, :3], rows[:, 3:])
+    assert t.stats.rows_in == len(rows)
+    assert t.stats.rows_out == sum(len(p) for p in out)
+
+
+def test_full_table_flushes_and_goes_on():
+    t = PartialTable(key_words=1, n_measures=1, capacity=16, max_load=0.5)
+    keys = np.arange(20, dtype=np.int64).reshape(-1, 1)
+    out = t.merge(Partials.of_tuples(keys, keys.copy()))
+    assert [len(p) for p in out] == [8, 8] and len(t) == 4
+    assert t.stats.flushes["full"] == 2
+    # a key already held never needs room: merging it into a full table flushes nothing
+    assert t.merge(Partials.of_tuples(keys[16:20], keys[16:20].copy())) == []
+
+
+def _address_words(text: str | None) -> list[int]:
+    if text is None:
+        return [0, 0, 0]
+    b = ip_bytes(text)
+    return [1, int.from_bytes(b[:8], "big", signed=True), int.from_bytes(b[8:], "big",
+                                                                          signed=True)]
+
+
+@pytest.mark.parametrize("name", ["wikipedia.pcap", "ok.pcap"])
+def test_real_capture_equals_dpkt(name):
+    """(minute, src_ip, dst_ip, protocol) -> count, and sum/min/max of the wire length, through
+    a 16-entry table that fills many times, equal what dpkt (fields) and scapy (lengths) give."""
+    path = capture(name)
+    t = PartialTable(key_words=8, n_measures=1, capacity=16, max_load=0.5)
+    out = []
+    for raw in open_capture(path, batch_size=97):
+        tb = unpack(raw)
+        n = len(tb)
+        keys = np.empty((n, 8), np.int64)
+        keys[:, 0] = tb.time // 60 * 60
+        for c, f in ((1, "src_ip"), (4, "dst_ip")):
+            words = np.ascontiguousarray(tb.column(f)).view(">i8").reshape(-1, 2)
+            valid = tb.ip_valid()
+            keys[:, c] = valid
+            keys[:, c + 1] = np.where(valid, words[:, 0], 0)
+            keys[:, c + 2] = np.where(valid, words[:, 1], 0)
+        keys[:, 7] = tb.column("protocol")
+        out += t.merge(Partials.of_tuples(keys, tb.column("wirelen").astype(np.int64)
+                                          .reshape(-1, 1)))
+    out.append(t.flush_all())
+    assert t.stats.flushes["full"] > 0
+    ref = packets(path)
+    wirelens = [meta.wirelen for _, meta in RawPcapReader(str(path))]
+    keys = np.array([[p["time"] // 60 * 60, *_address_words(p["src_ip"]),
+                      *_address_words(p["dst_ip"]),
+                      -1 if p["protocol"] is None else p["protocol"]] for p in ref], np.int64)
+    assert merged(out) == truth(keys, np.array(wirelens, np.int64).reshape(-1, 1))
