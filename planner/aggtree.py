@@ -1,0 +1,191 @@
+"""Shared aggregate computation: aggregate trees (Nagaraj, Naidu, Rastogi, Satkin), with filters.
+
+A node is a (group-by attributes, filter) pair; the filter is a set of query slots, and a node
+takes the tuples whose query mask has any of its slots set (it keeps the query-bit pattern in its
+key, so a finer filter is a selection of its rows). The root (⊤, ⊤) is the input stream. An edge
+v1 → v2 exists when v1 covers v2 (v2's attributes ⊆ v1's and v2's slots ⊆ v1's) and costs
+``sz(v1) · C_H(v2)``: hashing v1's rows (N tuples for the root) on v2's key. The root's children are
+*maintained* while tuples stream (LFTA hash tables); every other node is *derived* from its
+parent when its window closes. A tree's cost is the sum of its edges: the CPU cost of a period.
+
+Finding the cheapest tree containing every query's node is a directed Steiner problem (NP-hard,
+Theorem 1). ``randomized`` is the paper's Algorithm 1 with its filter variant: each iteration adds
+random unions of query nodes (and, for every node covering such a union, the two nodes between
+them) to the nodes of the best tree so far, builds the partial aggregate graph on them, and
+solves it with a directed Steiner approximation. The approximation here is Charikar et al.'s
+level-2 greedy (repeatedly attach the "bunch" — one node and the terminals below it — of least
+cost per terminal), which sees shared intermediate aggregates that a shortest-path heuristic
+misses; the paper used Wong's dual ascent.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, order=True)
+class AggNode:
+    """Group-by attributes and a filter (query slots); the root has ``root`` set."""
+
+    keys: frozenset[str]
+    slots: frozenset[int]
+    root: bool = False
+
+    def covers(self, other: AggNode) -> bool:
+        if self.root:
+            return not other.root
+        return not other.root and other.keys <= self.keys and other.slots <= self.slots
+
+    def union(self, other: AggNode) -> AggNode:
+        return AggNode(self.keys | other.keys, self.slots | other.slots)
+
+    def text(self) -> str:
+        if self.root:
+            return "stream"
+        keys = ", ".join(sorted(self.keys)) or "∅"
+        return f"({keys} | slots {','.join(map(str, sorted(self.slots)))})"
+
+
+ROOT = AggNode(frozenset(), frozenset(), root=True)
+
+# sz(v): result rows of a node per period (the root: tuples per period); C_H(v): cost of hashing
+# one row on v's key
+SizeFn = Callable[[AggNode], float]
+HashCostFn = Callable[[AggNode], float]
+
+
+@dataclass
+class AggTree:
+    """A tree: each non-root node's parent, its cost, and each query's node."""
+
+    parent: dict[AggNode, AggNode]
+    cost: float
+    queries: dict[int, AggNode] = field(default_factory=dict)  # slot -> its node
+
+    @property
+    def nodes(self) -> list[AggNode]:
+        return sorted(self.parent)
+
+    @property
+    def maintained(self) -> list[AggNode]:
+        """The root's children: the LFTA tables kept while tuples stream."""
+        return sorted(v for v, p in self.parent.items() if p.root)
+
+    def children(self, v: AggNode) -> list[AggNode]:
+        return sorted(c for c, p in self.parent.items() if p == v)
+
+    def path(self, v: AggNode) -> list[AggNode]:
+        """The nodes from a maintained node down to ``v``: how v's answer is derived."""
+        out = [v]
+        while not self.parent[out[-1]].root:
+            out.append(self.parent[out[-1]])
+        return out[::-1]
+
+
+def tree_cost(parent: dict[AggNode, AggNode], size: SizeFn, hash_cost: HashCostFn) -> float:
+    return sum(size(p) * hash_cost(v) for v, p in parent.items())
+
+
+def naive_tree(queries: dict[int, AggNode], size: SizeFn, hash_cost: HashCostFn) -> AggTree:
+    """One aggregation per query, each from the stream (no sharing)."""
+    parent = dict.fromkeys(set(queries.values()), ROOT)
+    return AggTree(parent, tree_cost(parent, size, hash_cost), dict(queries))
+
+
+def _distances(nodes: Sequence[AggNode], size: SizeFn, hash_cost: HashCostFn, src: AggNode
+               ) -> tuple[dict[AggNode, float], dict[AggNode, AggNode]]:
+    """Cheapest path costs (and predecessors) from ``src`` in the partial aggregate graph."""
+    dist = {src: 0.0}
+    prev: dict[AggNode, AggNode] = {}
+    heap = [(0.0, 0, src)]
+    tick = 1
+    while heap:
+        d, _, u = heapq.heappop(heap)
+        if d > dist[u]:
+            continue
+        su = size(u)
+        for w in nodes:
+            if w is u or not u.covers(w):
+                continue
+            nd = d + su * hash_cost(w)
+            if nd < dist.get(w, float("inf")):
+                dist[w], prev[w] = nd, u
+                heapq.heappush(heap, (nd, tick, w))
+                tick += 1
+    return dist, prev
+
+
+def steiner(nodes: Sequence[AggNode], terminals: Iterable[AggNode], size: SizeFn,
+            hash_cost: HashCostFn) -> dict[AggNode, AggNode]:
+    """A directed Steiner tree from the root to ``terminals`` over the graph on ``nodes``
+    (level-2 greedy): returns each tree node's parent."""
+    nodes = [ROOT, *[v for v in nodes if not v.root]]
+    paths = {u: _distances(nodes, size, hash_cost, u) for u in nodes}
+    parent: dict[AggNode, AggNode] = {}
+    in_tree = {ROOT}
+    left = set(terminals) - in_tree
+    while left:
+        best = None  # (density, hub, attach-from, terminals)
+        for hub in nodes:
+            # the cheapest way to reach the hub from the tree
+            reach = min(((0.0, hub) if hub in in_tree else
+                         (paths[t][0].get(hub, float("inf")), t)) for t in in_tree)
+            if reach[0] == float("inf"):
+                continue
+            below = sorted((paths[hub][0].get(t, float("inf")), t) for t in left)
+            total = reach[0]
+            for k, (d, _) in enumerate(below, start=1):
+                if d == float("inf"):
+                    break
+                total += d
+                if best is None or total / k < best[0] - 1e-12:
+                    best = (total / k, hub, reach[1], [t for _, t in below[:k]])
+        if best is None:
+            raise ValueError("a query's node is unreachable from the stream")
+        _, hub, src, chosen = best
+        _attach(parent, in_tree, paths[src][1], src, hub)
+        for t in chosen:
+            _attach(parent, in_tree, paths[hub][1], hub, t)
+        left -= in_tree
+    return parent
+
+
+def _attach(parent, in_tree, prev, src, dst) -> None:
+    """Add the cheapest path src → dst to the tree (nodes already in it keep their parent)."""
+    path = [dst]
+    while path[-1] != src:
+        path.append(prev[path[-1]])
+    for child, par in zip(path[-2::-1], path[::-1], strict=False):
+        if child not in in_tree:
+            parent[child] = par
+            in_tree.add(child)
+
+
+def randomized(queries: dict[int, AggNode], size: SizeFn, hash_cost: HashCostFn,
+               c1: int = 8, c2: int = 8, seed: int = 0) -> AggTree:
+    """Algorithm 1 with the filter variant: ``c1`` iterations of ``c2`` random unions."""
+    rng = random.Random(seed)
+    terminals = sorted(set(queries.values()))
+    best = naive_tree(queries, size, hash_cost)
+    keep = set(terminals)
+    for _ in range(c1):
+        extra: set[AggNode] = set()
+        for _ in range(c2):
+            pick = rng.sample(terminals, rng.randint(1, len(terminals)))
+            v = pick[0]
+            for u in pick[1:]:
+                v = v.union(u)
+            extra.add(v)
+            for u in keep:
+                if u != v and u.covers(v):
+                    extra.add(AggNode(u.keys, v.slots))  # v's filter, u's attributes
+                    extra.add(AggNode(v.keys, u.slots))  # v's attributes, u's filter
+        parent = steiner(sorted(keep | extra), terminals, size, hash_cost)
+        cost = tree_cost(parent, size, hash_cost)
+        if cost < best.cost - 1e-9:
+            best = AggTree(parent, cost, dict(queries))
+        keep = set(best.parent) | set(terminals)
+    return best
