@@ -389,7 +389,7 @@ class TupleBatch:
         if f.kind == IP:
             if name not in self.ips:
                 return pa.nulls(len(self), pa.binary())
-            return _ip_binary(self.ips[name], self.ip_valid())
+            return ip_arrow(self.ips[name], self.ip_valid())
         col = self.column(name)
         if name == "time":
             return pa.array(col, type=pa.int64())
@@ -407,7 +407,7 @@ def _validity(valid: np.ndarray):
     return None if valid.all() else pa.array(valid).buffers()[1]
 
 
-def _ip_binary(col: np.ndarray, valid: np.ndarray) -> pa.Array:
+def ip_arrow(col: np.ndarray, valid: np.ndarray) -> pa.Array:
     """(n, 16) bytes as an Arrow binary array without a Python loop."""
     n = len(col)
     offsets = np.arange(0, 16 * (n + 1), 16, dtype=np.int32)

@@ -92,6 +92,19 @@ class AscConfig(BaseModel):
     sample: int = Field(2048, ge=16, le=1 << 20, description="tuples sampled per period")
 
 
+class LftaConfig(BaseModel):
+    """Partial aggregation before the spool (collector/lfta.py): one hash table per node."""
+
+    enabled: bool = Field(True, description="merge tuples into partial aggregates before the "
+                          "spool (false: one spool row per tuple and node)")
+    capacity: int = Field(1 << 16, ge=16, le=1 << 26, description="slots per node table "
+                          "(a power of two; about capacity × 8 × key words bytes)")
+    max_load: float = Field(0.5, gt=0, le=0.9, description="a table is flushed when this "
+                            "fraction of its slots is used")
+    max_age_s: float = Field(60.0, gt=0, description="rows never wait longer than this in a "
+                             "table (flushed whole)")
+
+
 class SourceConfig(BaseModel):
     """A source: a capture file (``pcap``, also pcapng), a Linux interface, or a UDP listener
     of NetFlow v5/v9/IPFIX exports (``netflow``: the flows stream)."""
@@ -174,6 +187,7 @@ class Settings(BaseSettings):
     spool: SpoolConfig = Field(default_factory=SpoolConfig)
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
     asc: AscConfig = Field(default_factory=AscConfig)
+    lfta: LftaConfig = Field(default_factory=LftaConfig)
     batch_size: int = Field(65536, ge=1, le=1 << 22)
     sources: list[SourceConfig] = Field(default_factory=lambda: [SourceConfig()])
     initial_queries: str | None = Field(

@@ -1,13 +1,18 @@
-"""The engine: unpack → prefilter → residual → partials → spool, one batch at a time.
+"""The engine: unpack → prefilter → residual → LFTA → spool, one batch at a time.
 
-A rebuilt plan is swapped in between batches (``set_plan``), so no tuple is processed half under
-one plan and half under another, and Spark keeps running.
+Each aggregate node of a (stream, period) folder has an LFTA hash table (collector/lfta.py):
+tuples merge into partial aggregates, which reach the spool when their window closes (the
+engine's event time passes its end plus the watermark delay), when a table fills, when rows grow
+old, and at the end of input. A rebuilt plan is swapped in between batches (``set_plan``), after
+the old plan's tables are flushed, so no tuple is processed half under one plan and half under
+another, and Spark keeps running.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -17,7 +22,8 @@ from capture.netflow import FlowBatch
 from capture.pcap import RawBatch
 from capture.unpack import TupleBatch, unpack
 from collector.asc_runtime import AscRuntime
-from collector.config import AscConfig
+from collector.config import AscConfig, LftaConfig
+from collector.lfta import NodeTable, Partials, lfta_keyable
 from collector.metrics import Metrics
 from collector.prefilter import CompiledPrefilter, compile_prefilter, run_prefilter
 from collector.residual import Residual
@@ -43,6 +49,7 @@ class FolderPlan:
     period: int | None
     slots: list[int]
     nodes: list[tuple[tuple[str, ...], list[int]]]  # (key fields, slots) per node
+    tables: list[NodeTable | None] = field(default_factory=list)  # LFTA per node (or per-tuple)
 
 
 @dataclass
@@ -62,15 +69,19 @@ class Engine:
 
     def __init__(self, spool: Spool, stream: str = "packets", metrics: Metrics | None = None,
                  probe: str = "flowsieve", watermark_delay_s: int = 1,
-                 meter: SelectivityMeter | None = None, asc: AscConfig | None = None):
+                 meter: SelectivityMeter | None = None, asc: AscConfig | None = None,
+                 lfta: LftaConfig | None = None):
         self.spool = spool
         self.asc_config = asc or AscConfig()
+        self.lfta_config = lfta or LftaConfig()
         self.meter = meter
         self.stream = stream
         self.metrics = metrics or Metrics()
         self.probe = probe
         self.watermark_delay_s = watermark_delay_s
         self._lock = threading.Lock()
+        # the batch path and the collector's flusher thread both touch the LFTA tables
+        self._data = threading.RLock()
         self._pending: Plan | None = None
         self._c: _Compiled | None = None
         self.batch_seq = 0
@@ -87,11 +98,14 @@ class Engine:
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is not None:
+            if self._c is not None:
+                self._flush(self._c, lambda t: t.table.flush_all())  # the old plan's partials
             self._c = self._compile(pending)
             self.metrics.plan_version.set(pending.version)
         return self._c
 
     def _compile(self, plan: Plan) -> _Compiled:
+        cp = compile_prefilter(plan, self.stream)
         folders = []
         for folder in plan.folders(self.stream):
             qps = [qp for qp in plan.queries
@@ -100,15 +114,26 @@ class Engine:
             for qp in qps:
                 nodes.setdefault(tuple(sorted(qp.query.keys)), []).append(qp.slot)
             period = qps[0].query.period
-            folders.append(FolderPlan(self.stream, folder, period, [qp.slot for qp in qps],
-                                      sorted(nodes.items())))
-        cp = compile_prefilter(plan, self.stream)
+            fp = FolderPlan(self.stream, folder, period, [qp.slot for qp in qps],
+                            sorted(nodes.items()))
+            if period is not None:
+                fp.tables = [self._table(fp, i, keys, slots, cp.q_words)
+                             for i, (keys, slots) in enumerate(fp.nodes)]
+            folders.append(fp)
         a = self.asc_config
         runtime = AscRuntime(cp, a.strategy, a.period_tuples, a.mu, a.sample)
         return _Compiled(plan, cp, runtime, Residual(plan, self.stream),
                          plan.unpacking(self.stream).fields, folders,
                          {qp.slot: qp.query.name for qp in plan.queries
                           if qp.query.stream == self.stream})
+
+    def _table(self, fp: FolderPlan, node_id: int, keys, slots, q_words: int
+               ) -> NodeTable | None:
+        lc = self.lfta_config
+        if not lc.enabled or not lfta_keyable(self.stream, keys):
+            return None
+        return NodeTable(self.stream, fp.period, node_id, keys, slots, q_words, lc.capacity,
+                         lc.max_load, lc.max_age_s)
 
     def asc_state(self) -> dict | None:
         """The running ASC sequence (for GET /prefilter)."""
@@ -124,6 +149,10 @@ class Engine:
     def process(self, raw: RawBatch | FlowBatch, source: str = "") -> int:
         """Unpack, prefilter and spool one batch; return the tuples kept. Flow records arrive
         decoded (a FlowBatch from the NetFlow/IPFIX decoder)."""
+        with self._data:
+            return self._process(raw, source)
+
+    def _process(self, raw: RawBatch | FlowBatch, source: str = "") -> int:
         if isinstance(raw, FlowBatch):
             return self.process_flows(raw, source)
         c = self._current()
@@ -177,16 +206,87 @@ class Engine:
             if hits:
                 self.metrics.query_matched.labels(name).inc(hits)
         self.batch_seq += 1
+        now = time.monotonic_ns()
         for fp in c.folders:
-            batch = (self._select_rows(c, fp, tb, Q) if fp.period is None
-                     else self._partials(c, fp, tb, Q))
-            if batch is not None and batch.num_rows:
-                if self.spool.write(self.stream, fp.folder, batch) is None:
-                    self.metrics.spool_dropped.labels(self.stream).inc(batch.num_rows)
-                else:
-                    self.metrics.spool_files.labels(self.stream, fp.folder).inc()
-                    self.metrics.spool_rows.labels(self.stream, fp.folder).inc(batch.num_rows)
+            if fp.period is None:
+                self._write(fp, self._select_rows(c, fp, tb, Q))
+                continue
+            parts = [self._partials(c, fp, tb, Q)]
+            for table in fp.tables:
+                if table is None:
+                    continue
+                rows = table.rows_of(tb, Q)
+                if rows is not None:
+                    parts += [table.to_spool(p, c.plan.version, self.probe, self.batch_seq,
+                                             aggregate_schema(self.stream))
+                              for p in table.table.merge(rows, now)]
+            self._write(fp, self._concat(parts))
+        self._close_windows(c, now)
         return kept
+
+    # -- LFTA flushes
+    def flush_due(self, event_time: int | None, now_ns: int) -> None:
+        """Flush what is due by the daemon's time: windows ``event_time`` (the latest of every
+        source) has passed, and rows older than the maximum age. The collector calls it
+        periodically, so an idle source's partials still reach Spark in time."""
+        with self._data:
+            c = self._c
+            if c is not None:
+                self._close_windows(c, now_ns, event_time)
+
+    def _close_windows(self, c: _Compiled, now_ns: int, event_time: int | None = None) -> None:
+        """Flush the windows the event time has passed (end + watermark delay), and rows that
+        waited longer than the maximum age."""
+        times = [t for t in (self.max_time, event_time) if t is not None]
+        if not times:
+            return
+        edge = max(times) - self.watermark_delay_s
+
+        def due(t: NodeTable) -> list[Partials]:
+            old = t.table.flush_if_old(now_ns)
+            return [old] if old is not None else [t.table.flush_windows((edge // t.period)
+                                                                         * t.period)]
+        self._flush(c, due)
+
+    def _flush(self, c: _Compiled, take) -> None:
+        """Write what ``take(table)`` flushes from every LFTA table of the plan."""
+        schema = aggregate_schema(self.stream)
+        for fp in c.folders:
+            parts = []
+            for t in fp.tables:
+                if t is None:
+                    continue
+                got = take(t)
+                for p in got if isinstance(got, list) else [got]:
+                    if len(p):
+                        parts.append(t.to_spool(p, c.plan.version, self.probe,
+                                                self.batch_seq, schema))
+                self._lfta_metrics(t)
+            self._write(fp, self._concat(parts))
+
+    def _lfta_metrics(self, t: NodeTable) -> None:
+        st, seen = t.table.stats, t.reported
+        m = self.metrics
+        m.lfta_rows_in.labels(self.stream).inc(st.rows_in - seen.rows_in)
+        m.lfta_rows_out.labels(self.stream).inc(st.rows_out - seen.rows_out)
+        for reason, n in st.flushes.items():
+            if n > seen.flushes[reason]:
+                m.lfta_flushes.labels(self.stream, reason).inc(n - seen.flushes[reason])
+        t.reported = st.copy()
+
+    @staticmethod
+    def _concat(parts: list[pa.Table | None]) -> pa.Table | None:
+        parts = [p for p in parts if p is not None and p.num_rows]
+        return pa.concat_tables(parts) if parts else None
+
+    def _write(self, fp: FolderPlan, batch: pa.Table | None) -> None:
+        if batch is None or not batch.num_rows:
+            return
+        if self.spool.write(self.stream, fp.folder, batch) is None:
+            self.metrics.spool_dropped.labels(self.stream).inc(batch.num_rows)
+        else:
+            self.metrics.spool_files.labels(self.stream, fp.folder).inc()
+            self.metrics.spool_rows.labels(self.stream, fp.folder).inc(batch.num_rows)
 
     def _qmask(self, Q: np.ndarray) -> pa.Array:
         n, w = Q.shape
@@ -194,12 +294,15 @@ class Engine:
         return pa.ListArray.from_arrays(offsets, pa.array(Q.view(np.int64).reshape(-1)))
 
     def _partials(self, c, fp: FolderPlan, tb: TupleBatch, Q: np.ndarray) -> pa.Table | None:
-        """Partial aggregates of one (cnt = 1) per tuple and node, in the fixed schema."""
+        """Partial aggregates of one (cnt = 1) per tuple, for the nodes without an LFTA table
+        (a string key, or the LFTA turned off), in the fixed schema."""
         schema = aggregate_schema(self.stream)
         tables = []
         ws_all = (tb.time // fp.period) * fp.period * 1_000_000
         meas = {m.name: tb.column(m.name).astype(np.int64) for m in measures(self.stream)}
         for node_id, (keys, slots) in enumerate(fp.nodes):
+            if fp.tables and fp.tables[node_id] is not None:
+                continue  # merged by the node's LFTA table
             mask = slot_mask(slots, Q.shape[1])
             q = Q & mask
             rows = np.flatnonzero(q.any(axis=1))
@@ -238,10 +341,13 @@ class Engine:
         return pa.Table.from_arrays(null_columns(schema, len(rows), present), schema=schema)
 
     # -- time
-    def _punctuate(self, ws_of_period) -> None:
+    def _punctuate(self, ws_of_period, flush_all: bool = False) -> None:
         c = self._current()
         if c is None:
             return
+        # the partials of every window the punctuation closes reach the spool before it
+        self._flush(c, (lambda t: t.table.flush_all()) if flush_all else
+                    (lambda t: t.table.flush_windows(ws_of_period(t.period))))
         words = c.prefilter.q_words
         for fp in c.folders:
             if fp.period is None:
@@ -252,11 +358,25 @@ class Engine:
 
     def finish(self) -> None:
         """End of input: punctuation beyond the last window, so every window closes."""
+        with self._data:
+            self._finish()
+
+    def _finish(self) -> None:
         if self.max_time is None:
             return
         last = self.max_time
-        self._punctuate(lambda p: (last // p) * p + p + self.watermark_delay_s + 1)
+        self._punctuate(lambda p: (last // p) * p + p + self.watermark_delay_s + 1,
+                        flush_all=True)
+
+    def flush_before(self, now_s: int) -> None:
+        """Flush the windows that end by ``now_s``'s window (what a heartbeat closes): the
+        collector does this for every engine before any engine writes its heartbeat."""
+        with self._data:
+            c = self._current()
+            if c is not None:
+                self._flush(c, lambda t: t.table.flush_windows((now_s // t.period) * t.period))
 
     def heartbeat(self, now_s: int) -> None:
         """Live sources: advance the watermark to the current window so quiet windows close."""
-        self._punctuate(lambda p: (now_s // p) * p)
+        with self._data:
+            self._punctuate(lambda p: (now_s // p) * p)

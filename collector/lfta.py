@@ -24,6 +24,12 @@ from dataclasses import dataclass, field
 
 import numba as nb
 import numpy as np
+import pyarrow as pa
+
+from capture.fields import INT32, INT64, IP, fields, measures
+from capture.netflow import FLOW_IP_FIELDS, FlowBatch
+from capture.unpack import ip_arrow
+from planner.slots import slot_mask
 
 I64_MAX = np.iinfo(np.int64).max
 I64_MIN = np.iinfo(np.int64).min
@@ -124,6 +130,9 @@ class LftaStats:
     rows_in: int = 0  # tuples or partial rows merged in
     rows_out: int = 0  # partial rows flushed
     flushes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FLUSH_REASONS, 0))
+
+    def copy(self) -> LftaStats:
+        return LftaStats(self.rows_in, self.rows_out, dict(self.flushes))
 
 
 class PartialTable:
@@ -226,3 +235,97 @@ class PartialTable:
             self.stats.flushes[reason] += 1
             self.stats.rows_out += len(rows)
         return rows
+
+
+# --------------------------------------------------------------------------- the engine's tables
+def lfta_keyable(stream: str, keys: tuple[str, ...]) -> bool:
+    """Whether a node's key fits int64 key words (integers and addresses; a string key such as
+    ``dns_qname`` is spooled one row per tuple)."""
+    cat = fields(stream)
+    return all(cat[k].kind in (INT32, INT64, IP) for k in keys)
+
+
+def _ip_valid(tb, name: str) -> np.ndarray:
+    if isinstance(tb, FlowBatch):
+        return tb.ipset[FLOW_IP_FIELDS.index(name)]
+    return tb.ip_valid()
+
+
+class NodeTable:
+    """The LFTA table of one aggregate-tree node of a (stream, period) folder: builds the key
+    words of a batch's tuples — window start, the node's key fields (an address as validity and
+    two halves), the query-bit pattern restricted to the node's slots — merges them, and turns
+    flushed rows back into spool rows (DESIGN's spool schema)."""
+
+    def __init__(self, stream: str, period: int, node_id: int, keys: tuple[str, ...],
+                 slots: list[int], q_words: int, capacity: int, max_load: float,
+                 max_age_s: float):
+        self.stream, self.period, self.node_id, self.keys = stream, period, node_id, keys
+        self.mask = slot_mask(slots, q_words)
+        self.q_words = q_words
+        cat = fields(stream)
+        self.kinds = [cat[k].kind for k in keys]
+        self.measures = [m.name for m in measures(stream)]
+        width = 1 + sum(3 if k == IP else 1 for k in self.kinds) + q_words
+        self.table = PartialTable(width, len(self.measures), capacity, max_load, max_age_s)
+        self.reported = LftaStats()  # what the metrics have counted so far
+
+    def rows_of(self, tb, Q: np.ndarray) -> Partials | None:
+        """The batch's tuples of this node as partials of one (None when none)."""
+        q = Q & self.mask
+        rows = np.flatnonzero(q.any(axis=1))
+        if not len(rows):
+            return None
+        keys = np.empty((len(rows), self.table.key_words), np.int64)
+        keys[:, 0] = (tb.time[rows] // self.period) * self.period
+        c = 1
+        for name, kind in zip(self.keys, self.kinds, strict=True):
+            if kind == IP:
+                valid = _ip_valid(tb, name)[rows]
+                words = np.ascontiguousarray(tb.column(name)[rows]).view(">i8").reshape(-1, 2)
+                keys[:, c] = valid
+                keys[:, c + 1] = np.where(valid, words[:, 0], 0)
+                keys[:, c + 2] = np.where(valid, words[:, 1], 0)
+                c += 3
+            else:
+                keys[:, c] = tb.column(name)[rows]
+                c += 1
+        keys[:, c:] = q[rows].view(np.int64)
+        meas = np.empty((len(rows), len(self.measures)), np.int64)
+        for m, name in enumerate(self.measures):
+            meas[:, m] = tb.column(name)[rows]
+        return Partials.of_tuples(keys, meas)
+
+    def to_spool(self, p: Partials, plan_version: int, probe: str, batch_seq: int,
+                 schema: pa.Schema) -> pa.Table:
+        """Flushed rows as a spool batch: key words back to catalogue columns."""
+        n = len(p)
+        present = {
+            "window_start": pa.array(p.keys[:, 0] * 1_000_000, pa.timestamp("us", tz="UTC")),
+            "period_s": pa.array(np.full(n, self.period, np.int32)),
+            "plan_version": pa.array(np.full(n, plan_version, np.int32)),
+            "node": pa.array(np.full(n, self.node_id, np.int32)),
+            "cnt": pa.array(p.cnt),
+            "probe": pa.array([probe] * n, pa.string()),
+            "batch_seq": pa.array(np.full(n, batch_seq, np.int64)),
+        }
+        c = 1
+        cat = fields(self.stream)
+        for name, kind in zip(self.keys, self.kinds, strict=True):
+            if kind == IP:
+                raw = np.ascontiguousarray(p.keys[:, c + 1:c + 3]).astype(">i8")
+                present[name] = ip_arrow(raw.view(np.uint8).reshape(n, 16), p.keys[:, c] != 0)
+                c += 3
+            else:
+                v = p.keys[:, c]
+                present[name] = pa.array(v, cat[name].arrow_type, mask=v < 0)
+                c += 1
+        pattern = np.ascontiguousarray(p.keys[:, c:])
+        offsets = pa.array(np.arange(0, n * self.q_words + 1, self.q_words, dtype=np.int32))
+        present["qmask"] = pa.ListArray.from_arrays(offsets, pa.array(pattern.reshape(-1)))
+        for m, name in enumerate(self.measures):
+            present[f"sum_{name}"] = pa.array(p.sums[:, m])
+            present[f"min_{name}"] = pa.array(p.mins[:, m])
+            present[f"max_{name}"] = pa.array(p.maxs[:, m])
+        cols = [present.get(f.name, pa.nulls(n, f.type)) for f in schema]
+        return pa.Table.from_arrays(cols, schema=schema)

@@ -33,6 +33,15 @@ class Metrics:
         self.asc_rearrangements = Counter("flowsieve_asc_rearrangements",
                                           "Times the ASC sequence was re-chosen (eq. 5)",
                                           ["stream"], registry=r)
+        self.lfta_rows_in = Counter("flowsieve_lfta_rows_in",
+                                    "Tuples merged into LFTA partial-aggregate tables",
+                                    ["stream"], registry=r)
+        self.lfta_rows_out = Counter("flowsieve_lfta_rows_out",
+                                     "Partial-aggregate rows the LFTA tables flushed to the spool",
+                                     ["stream"], registry=r)
+        self.lfta_flushes = Counter("flowsieve_lfta_flushes",
+                                    "LFTA table flushes by reason (full, window, age, shutdown)",
+                                    ["stream", "reason"], registry=r)
         self.spool_files = Counter("flowsieve_spool_files", "Spool files written",
                                    ["stream", "folder"], registry=r)
         self.spool_rows = Counter("flowsieve_spool_rows", "Rows written to the spool",

@@ -51,7 +51,8 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     for stream in ("packets", "flows"):
         if not any(q.stream == stream for q in queries):
             continue
-        engine = Engine(spool, stream, metrics, "replay", watermark_delay_s, asc=asc)
+        engine = Engine(spool, stream, metrics, "replay", watermark_delay_s, asc=asc,
+                        lfta=settings.lfta)
         engine.set_plan(plan)
         try:
             done = 0

@@ -64,7 +64,7 @@ class Collector:
         self.sources: list[Source] = [
             make_source(c, s.batch_size, self._stats_callback(c), s.var_dir) for c in s.sources]
         self.engines = [Engine(self.spool, c.stream, self.metrics, s.probe,
-                               s.spark.watermark_delay_s, self.meter, s.asc)
+                               s.spark.watermark_delay_s, self.meter, s.asc, s.lfta)
                         for c in s.sources]
         self.rebuild()
         if with_spark:
@@ -82,7 +82,33 @@ class Collector:
                                      name=f"source-{src.name}", daemon=True)
                 t.start()
                 self._threads.append(t)
+            t = threading.Thread(target=self._flusher, name="lfta-flusher", daemon=True)
+            t.start()
+            self._threads.append(t)
         self.started = True
+
+    def _flusher(self) -> None:
+        """The daemon's clock. Every ``spark.trigger_s``: flush every engine's due LFTA
+        partials by the latest event time of all sources (so an idle source, such as a followed
+        file or a quiet exporter, never holds a window the others closed); then, when a live
+        source runs, flush what the current time closes in every engine before any engine
+        writes the heartbeat that closes it in Spark."""
+        live = [e for e, src in zip(self.engines, self.sources, strict=True) if src.restamp]
+        while not self._stop.wait(self.settings.spark.trigger_s):
+            times = [e.max_time for e in self.engines if e.max_time is not None]
+            latest = max(times) if times else None
+            now = int(time.time())
+            try:
+                for e in self.engines:
+                    e.flush_due(latest, time.monotonic_ns())
+                if live:
+                    for e in self.engines:
+                        e.flush_before(now)
+                    for e in live:
+                        e.heartbeat(now)
+            except Exception as err:  # reported like a source's failure, never silent
+                self.source_errors.append(f"lfta flush: {err!r}")
+                log.exception("LFTA flush or heartbeat failed")
 
     def stop(self) -> None:
         self._stop.set()
@@ -95,17 +121,12 @@ class Collector:
         self.started = False
 
     def _run_source(self, src, engine: Engine) -> None:
-        last_beat = 0.0
         try:
             for raw in src.batches(self._stop):
                 if raw is not None and len(raw):
                     engine.process(raw, src.name)
                 if hasattr(src, "decoder"):
                     self._flow_counters(src)
-                now = time.time()
-                if src.restamp and now - last_beat >= self.settings.spark.trigger_s:
-                    engine.heartbeat(int(now))
-                    last_beat = now
             engine.finish()
         except DecodeError as e:
             self.metrics.decode_errors.labels(src.name, e.kind or "input").inc()

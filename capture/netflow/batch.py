@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from capture.fields import IP, NULL_INT, TS, ip_bytes, ip_text
 from capture.netflow.elements import C_TIME, FLOW_INT_FIELDS, FLOW_INT_INDEX, FLOW_IP_FIELDS, F
-from capture.unpack import _ip_binary
+from capture.unpack import ip_arrow
 
 
 @dataclass
@@ -74,7 +74,7 @@ class FlowBatch:
         f = F[name]
         if f.kind == IP:
             k = FLOW_IP_FIELDS.index(name)
-            return _ip_binary(self.ips[k], self.ipset[k])
+            return ip_arrow(self.ips[k], self.ipset[k])
         col = self.ints[FLOW_INT_INDEX[name]]
         if f.kind == TS:
             return pa.array(col // 1000, type=pa.timestamp("us", tz="UTC"), mask=col < 0)
