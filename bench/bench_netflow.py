@@ -173,6 +173,8 @@ def bench_spark(rate: float, seconds: float) -> dict:
         dest = src.listener.bound[0]
         c_thread = threading.Thread(target=c._run_source, args=(src, c.engines[0]))
         c_thread.start()
+        clock = threading.Thread(target=c._flusher)  # LFTA flushes and heartbeats
+        clock.start()
         payloads = datagrams(10, 30_000 * PER_DATAGRAM // 30, seed=3)
         q = mp.get_context("fork").Queue()
         t0 = time.perf_counter()
@@ -196,6 +198,7 @@ def bench_spark(rate: float, seconds: float) -> dict:
         drops = src.listener.update_drops()
         c.stop()
         c_thread.join(timeout=30)
+        clock.join(timeout=30)
         return {"rate": rate, "sent_records": sent["records"], "decoded_records": decoded,
                 "kernel_drops": drops, "send_seconds": round(sent["seconds"], 1),
                 "seconds_until_spark_done": round(elapsed, 1),

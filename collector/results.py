@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from capture.fields import IP, TS, fields, ip_text
+from capture.fields import IP, TS, fields, ip_text, measures
 from planner.query import Query
 
 CMP = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
@@ -23,13 +23,37 @@ CMP = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
 
 
 def _ip_strings(arr: pa.Array) -> pa.Array:
-    return pa.array([ip_text(v) for v in arr.to_pylist()], pa.string())
+    """16-byte addresses as text: IPv4-mapped ones vectorised (numpy), others by ``ip_text``."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    if n == 0 or arr.null_count == n:
+        return pa.nulls(n, pa.string())
+    offsets = np.frombuffer(arr.buffers()[1], np.int32, n + 1, arr.offset * 4)
+    valid = arr.is_valid().to_numpy(zero_copy_only=False)
+    if not (np.diff(offsets)[valid] == 16).all():
+        return pa.array([ip_text(v) for v in arr.to_pylist()], pa.string())
+    data = np.frombuffer(arr.buffers()[2], np.uint8)
+    at = np.minimum(offsets[:-1], max(len(data) - 16, 0))
+    b = data[at[:, None] + np.arange(16)]
+    mapped = valid & (b[:, :10] == 0).all(axis=1) & (b[:, 10] == 255) & (b[:, 11] == 255)
+    out = np.empty(n, dtype=object)
+    quads = b[mapped, 12:].astype(str)
+    dot = np.char.add
+    out[mapped] = dot(dot(dot(dot(dot(dot(quads[:, 0], "."), quads[:, 1]), "."), quads[:, 2]),
+                          "."), quads[:, 3])
+    other = np.flatnonzero(valid & ~mapped)
+    out[other] = [ip_text(b[i].tobytes()) for i in other]
+    out[~valid] = None
+    return pa.array(out, pa.string())
 
 
 def finalize(query: Query, merged: pa.Table) -> pa.Table:
     """Turn merged rows of one query (window_start, keys, cnt, sum_/min_/max_) into its
-    answer: the query's output columns plus ``window_start``."""
+    answer: the query's output columns plus ``window_start``. Rows of a finer node (more keys
+    than the query's, several query-bit patterns) are merged to the query's keys first."""
     cat = fields(query.stream)
+    merged = merge_to_keys(query, merged)
     cols: dict[str, pa.Array] = {}
     ws = merged.column("window_start").combine_chunks()
     epoch = pc.cast(ws, pa.int64()).to_numpy(zero_copy_only=False) // 1_000_000
@@ -59,6 +83,22 @@ def finalize(query: Query, merged: pa.Table) -> pa.Table:
     return order_rows(query, table)
 
 
+def merge_to_keys(query: Query, rows: pa.Table) -> pa.Table:
+    """Partial rows merged per (window_start, the query's keys), vectorised (pyarrow)."""
+    if not rows.num_rows:
+        return rows
+    keys = ["window_start", *query.keys]
+    aggs = [("cnt", "sum")]
+    for m in measures(query.stream):
+        if f"sum_{m.name}" in rows.column_names:
+            aggs += [(f"sum_{m.name}", "sum"), (f"min_{m.name}", "min"),
+                     (f"max_{m.name}", "max")]
+    out = rows.select(keys + [c for c, _ in aggs]).group_by(keys, use_threads=False) \
+        .aggregate(aggs)
+    names = {f"{c}_{f}": c for c, f in aggs}
+    return out.rename_columns([names.get(c, c) for c in out.column_names])
+
+
 def order_rows(query: Query, table: pa.Table) -> pa.Table:
     """Sort by window, then ORDER BY (or the key columns); LIMIT n per window."""
     if not table.num_rows:
@@ -71,12 +111,9 @@ def order_rows(query: Query, table: pa.Table) -> pa.Table:
     table = table.sort_by([("window_start", "ascending")] + keys)
     if query.limit is not None:
         ws = pc.cast(table.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)
-        rank = np.zeros(len(ws), dtype=np.int64)
-        start = 0
-        for i in range(1, len(ws) + 1):
-            if i == len(ws) or ws[i] != ws[start]:
-                rank[start:i] = np.arange(i - start)
-                start = i
+        # rank within each window's run of rows (sorted by window first)
+        starts = np.flatnonzero(np.r_[True, ws[1:] != ws[:-1]])
+        rank = np.arange(len(ws)) - np.repeat(starts, np.diff(np.r_[starts, len(ws)]))
         table = table.filter(pa.array(rank < query.limit))
     return table
 
