@@ -424,8 +424,8 @@ def cmd_replay(args) -> int:
     # the JVM's own output (stack traces) goes to a log the error line names, not the terminal
     jvm_log = Path(tempfile.gettempdir()) / f"flowsieve-replay-{os.getpid()}-spark.log"
 
-    def report(stage: str, records: int) -> None:
-        if records < 0:  # Spark's stage: the input is all read
+    def report(stage: str, records: int | None) -> None:
+        if records is None:  # Spark's stage: the input is all read
             progress.update(stage, size, 0, 0)
         else:
             progress.update(stage, None, records, time.monotonic() - t0)

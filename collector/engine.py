@@ -34,6 +34,7 @@ from collector.spool import (
     aggregate_schema,
     null_columns,
     punctuation,
+    qmask_array,
     select_schema,
 )
 from planner.plan import Plan
@@ -217,8 +218,7 @@ class Engine:
                     continue
                 rows = table.rows_of(tb, Q)
                 if rows is not None:
-                    parts += [table.to_spool(p, c.plan.version, self.probe, self.batch_seq,
-                                             aggregate_schema(self.stream))
+                    parts += [table.to_spool(p, c.plan.version, self.probe, self.batch_seq)
                               for p in table.table.merge(rows, now)]
             self._write(fp, self._concat(parts))
         self._close_windows(c, now)
@@ -250,7 +250,6 @@ class Engine:
 
     def _flush(self, c: _Compiled, take) -> None:
         """Write what ``take(table)`` flushes from every LFTA table of the plan."""
-        schema = aggregate_schema(self.stream)
         for fp in c.folders:
             parts = []
             for t in fp.tables:
@@ -260,7 +259,7 @@ class Engine:
                 for p in got if isinstance(got, list) else [got]:
                     if len(p):
                         parts.append(t.to_spool(p, c.plan.version, self.probe,
-                                                self.batch_seq, schema))
+                                                self.batch_seq))
                 self._lfta_metrics(t)
             self._write(fp, self._concat(parts))
 
@@ -288,11 +287,6 @@ class Engine:
             self.metrics.spool_files.labels(self.stream, fp.folder).inc()
             self.metrics.spool_rows.labels(self.stream, fp.folder).inc(batch.num_rows)
 
-    def _qmask(self, Q: np.ndarray) -> pa.Array:
-        n, w = Q.shape
-        offsets = pa.array(np.arange(0, n * w + 1, w, dtype=np.int32))
-        return pa.ListArray.from_arrays(offsets, pa.array(Q.view(np.int64).reshape(-1)))
-
     def _partials(self, c, fp: FolderPlan, tb: TupleBatch, Q: np.ndarray) -> pa.Table | None:
         """Partial aggregates of one (cnt = 1) per tuple, for the nodes without an LFTA table
         (a string key, or the LFTA turned off), in the fixed schema."""
@@ -313,7 +307,7 @@ class Engine:
                 "window_start": pa.array(ws_all[rows], TS_US),
                 "period_s": pa.array(np.full(n, fp.period, np.int32)),
                 "plan_version": pa.array(np.full(n, c.plan.version, np.int32)),
-                "qmask": self._qmask(np.ascontiguousarray(q[rows])),
+                "qmask": qmask_array(q[rows]),
                 "node": pa.array(np.full(n, node_id, np.int32)),
                 "cnt": pa.array(np.ones(n, np.int64)),
                 "probe": pa.array([self.probe] * n, pa.string()),
@@ -336,7 +330,7 @@ class Engine:
             return None
         sub = tb.take(rows)
         present = {f: sub.arrow(f) for f in fields(self.stream)}
-        present["qmask"] = self._qmask(np.ascontiguousarray(q[rows]))
+        present["qmask"] = qmask_array(q[rows])
         present["plan_version"] = pa.array(np.full(len(rows), c.plan.version, np.int32))
         return pa.Table.from_arrays(null_columns(schema, len(rows), present), schema=schema)
 

@@ -29,6 +29,7 @@ import pyarrow as pa
 from capture.fields import INT32, INT64, IP, fields, measures
 from capture.netflow import FLOW_IP_FIELDS, FlowBatch
 from capture.unpack import ip_arrow
+from collector.spool import TS_US, aggregate_schema, null_columns, qmask_array
 from planner.slots import slot_mask
 
 I64_MAX = np.iinfo(np.int64).max
@@ -113,11 +114,6 @@ class Partials:
         z = np.zeros((0, n_measures), np.int64)
         return cls(np.zeros((0, key_words), np.int64), np.zeros(0, np.int64), z, z, z)
 
-    @classmethod
-    def concat(cls, parts: list[Partials]) -> Partials:
-        return cls(*(np.concatenate([getattr(p, f) for p in parts])
-                     for f in ("keys", "cnt", "sums", "mins", "maxs")))
-
     def take(self, idx: np.ndarray) -> Partials:
         return Partials(self.keys[idx], self.cnt[idx], self.sums[idx], self.mins[idx],
                         self.maxs[idx])
@@ -151,6 +147,7 @@ class PartialTable:
         self.max_age_ns = int(max_age_s * 1e9)
         self.stats = LftaStats()
         self._oldest_ns: int | None = None  # arrival time of the oldest unflushed row
+        self._first_window: int | None = None  # the earliest window start held
         self._alloc()
 
     def _alloc(self) -> None:
@@ -166,17 +163,17 @@ class PartialTable:
     def __len__(self) -> int:
         return self.n_used
 
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.t_keys, self.t_used, self.t_cnt, self.t_sum,
-                                      self.t_min, self.t_max))
-
     def merge(self, rows: Partials, now_ns: int | None = None) -> list[Partials]:
         """Merge partial rows (or tuples, ``Partials.of_tuples``) into the table; returns what
         had to be flushed because the table filled up (each flush empties it)."""
         out: list[Partials] = []
-        if len(rows) and self._oldest_ns is None:
+        if not len(rows):
+            return []
+        if self._oldest_ns is None:
             self._oldest_ns = now_ns
+        first = int(rows.keys[:, 0].min())
+        self._first_window = first if self._first_window is None else \
+            min(self._first_window, first)
         pos = 0
         while pos < len(rows):
             pos, self.n_used = merge_rows(
@@ -186,13 +183,15 @@ class PartialTable:
             if pos < len(rows):
                 out.append(self._drain("full"))
                 self._oldest_ns = now_ns
+                self._first_window = int(rows.keys[pos:, 0].min())
         self.stats.rows_in += len(rows)
         return out
 
     def flush_windows(self, before: int) -> Partials:
         """Flush the rows of windows that start before ``before`` (closed by the watermark);
-        the rest stay."""
-        if not self.n_used:
+        the rest stay. Nothing is scanned while no held window is that old (every batch
+        asks)."""
+        if not self.n_used or self._first_window is None or self._first_window >= before:
             return Partials.empty(self.key_words, self.n_measures)
         idx = np.flatnonzero(self.t_used)
         closed = self.t_keys[idx, 0] < before
@@ -206,8 +205,9 @@ class PartialTable:
                        self.t_max, 0, self.limit, keep.keys, keep.cnt, keep.sums, keep.mins,
                        keep.maxs, 0)
             self.n_used = len(keep)
+            self._first_window = int(keep.keys[:, 0].min())
         else:
-            self._oldest_ns = None
+            self._oldest_ns = self._first_window = None
         return self._count("window", rows.take(np.flatnonzero(closed)))
 
     def flush_if_old(self, now_ns: int) -> Partials | None:
@@ -227,7 +227,7 @@ class PartialTable:
     def _drain(self, reason: str) -> Partials:
         rows = self._rows(np.flatnonzero(self.t_used))
         self._alloc()
-        self._oldest_ns = None
+        self._oldest_ns = self._first_window = None
         return self._count(reason, rows)
 
     def _count(self, reason: str, rows: Partials) -> Partials:
@@ -262,12 +262,12 @@ class NodeTable:
                  max_age_s: float):
         self.stream, self.period, self.node_id, self.keys = stream, period, node_id, keys
         self.mask = slot_mask(slots, q_words)
-        self.q_words = q_words
         cat = fields(stream)
         self.kinds = [cat[k].kind for k in keys]
         self.measures = [m.name for m in measures(stream)]
         width = 1 + sum(3 if k == IP else 1 for k in self.kinds) + q_words
         self.table = PartialTable(width, len(self.measures), capacity, max_load, max_age_s)
+        self.schema = aggregate_schema(stream)
         self.reported = LftaStats()  # what the metrics have counted so far
 
     def rows_of(self, tb, Q: np.ndarray) -> Partials | None:
@@ -296,12 +296,12 @@ class NodeTable:
             meas[:, m] = tb.column(name)[rows]
         return Partials.of_tuples(keys, meas)
 
-    def to_spool(self, p: Partials, plan_version: int, probe: str, batch_seq: int,
-                 schema: pa.Schema) -> pa.Table:
+    def to_spool(self, p: Partials, plan_version: int, probe: str, batch_seq: int
+                 ) -> pa.Table:
         """Flushed rows as a spool batch: key words back to catalogue columns."""
         n = len(p)
         present = {
-            "window_start": pa.array(p.keys[:, 0] * 1_000_000, pa.timestamp("us", tz="UTC")),
+            "window_start": pa.array(p.keys[:, 0] * 1_000_000, TS_US),
             "period_s": pa.array(np.full(n, self.period, np.int32)),
             "plan_version": pa.array(np.full(n, plan_version, np.int32)),
             "node": pa.array(np.full(n, self.node_id, np.int32)),
@@ -320,12 +320,9 @@ class NodeTable:
                 v = p.keys[:, c]
                 present[name] = pa.array(v, cat[name].arrow_type, mask=v < 0)
                 c += 1
-        pattern = np.ascontiguousarray(p.keys[:, c:])
-        offsets = pa.array(np.arange(0, n * self.q_words + 1, self.q_words, dtype=np.int32))
-        present["qmask"] = pa.ListArray.from_arrays(offsets, pa.array(pattern.reshape(-1)))
+        present["qmask"] = qmask_array(p.keys[:, c:])
         for m, name in enumerate(self.measures):
             present[f"sum_{name}"] = pa.array(p.sums[:, m])
             present[f"min_{name}"] = pa.array(p.mins[:, m])
             present[f"max_{name}"] = pa.array(p.maxs[:, m])
-        cols = [present.get(f.name, pa.nulls(n, f.type)) for f in schema]
-        return pa.Table.from_arrays(cols, schema=schema)
+        return pa.Table.from_arrays(null_columns(self.schema, n, present), schema=self.schema)

@@ -29,13 +29,15 @@ class ReplayResult:
 def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.PathLike,
            spark, *, settings: Settings | None = None, metrics: Metrics | None = None,
            flow_ports: Iterable[int] = DEFAULT_FLOW_PORTS, decoder: Decoder | None = None,
-           progress: Callable[[str, int], None] | None = None) -> ReplayResult:
+           progress: Callable[[str, int | None], None] | None = None
+           ) -> ReplayResult:
     """Run ``queries`` over a capture file; the answers of every window (end of input closes
     them all). Queries FROM packets read its packets, queries FROM flows the NetFlow/IPFIX
     datagrams sent to ``flow_ports``. The plan, the ASC runtime, the batch size and the
     watermark come from ``settings`` (the daemon's configuration; default: the embedded one).
     A decode error stops the input: what came before it is answered, and the error is
-    returned. ``progress(stage, records)`` is told how far the input and Spark are."""
+    returned. ``progress(stage, records)`` is told how far the input is (records read; None
+    once Spark's stage begins)."""
     from collector.spark.job import SparkJob
 
     work = Path(workdir)
@@ -76,7 +78,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     slots = {qp.slot: qp.query for qp in plan.queries}
     job = SparkJob(spark, work / "spool", work / "results", work / "checkpoints", slots.get,
                    watermark_delay_s, metrics)
-    report("Spark: merging partial aggregates", -1)
+    report("Spark: merging partial aggregates", None)
     job.run_available_now([(s, f) for s in plan.streams() for f in plan.folders(s)])
     answers = [(qp.query, read_results(work / "results", qp.query)) for qp in plan.queries]
     return ReplayResult(plan, answers, error, engine)

@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from capture.fields import fields, groupable, measures
@@ -145,6 +146,14 @@ class Spool:
             writer.write_table(table, max_chunksize=65536)
         os.replace(tmp, final)
         return final
+
+
+def qmask_array(words: np.ndarray) -> pa.Array:
+    """Query-bit words, (rows, words) uint64 or int64, as the spool's ``qmask`` column."""
+    n, w = words.shape
+    offsets = pa.array(np.arange(0, n * w + 1, w, dtype=np.int32))
+    return pa.ListArray.from_arrays(
+        offsets, pa.array(np.ascontiguousarray(words).view(np.int64).reshape(-1)))
 
 
 def null_columns(schema: pa.Schema, n: int, present: dict[str, pa.Array]) -> list[pa.Array]:
