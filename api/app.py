@@ -49,13 +49,17 @@ def create_app(collector: Collector, manage: bool = False) -> FastAPI:
 
     @app.get("/healthz", tags=["health"])
     def healthz(c: CollectorDep) -> dict:
-        """Liveness: plan version, queries, Spark and source state."""
+        """Liveness: plan version, queries, Spark and source state. ``degraded`` while a Spark
+        streaming query is down (it restarts after a back-off; capture goes on into the
+        bounded spool); ``spark_failures`` lists the latest failures."""
         spark_errors = c.job.check() if c.job is not None else []
         ok = not spark_errors
         return {"status": "ok" if ok else "degraded",
                 "plan_version": c.plan.version if c.plan else None,
                 "queries": len(c.plan.queries) if c.plan else 0,
                 "spark": "running" if c.job is not None else "off",
-                "spark_errors": spark_errors, "source_errors": c.source_errors[-10:]}
+                "spark_errors": spark_errors,
+                "spark_failures": c.job.errors[-10:] if c.job is not None else [],
+                "source_errors": c.source_errors[-10:]}
 
     return app

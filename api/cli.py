@@ -248,7 +248,8 @@ def _file_size(path: str) -> int | None:
 
 
 def _measure(plan, capture: str):
-    """Selectivity of every cheap predicate on a capture, and the ASC sequence chosen on it."""
+    """Selectivity of every cheap predicate on a capture, the ASC sequence chosen on it, and a
+    sample of the tuples that pass the prefilter (aggregate-tree node sizes)."""
     import numpy as np
 
     from capture.pcap import open_capture
@@ -256,10 +257,16 @@ def _measure(plan, capture: str):
     from collector.asc_runtime import AscRuntime
     from collector.prefilter import compile_prefilter, run_prefilter
     from collector.residual import eval_predicate
+    from collector.sampling import TupleSampler
     hits: dict[str, int] = {}
     total = 0
     cp = compile_prefilter(plan, "packets")
     asc = AscRuntime(cp, "hybrid", period=1 << 62, sample=1 << 16)
+    size = os.path.getsize(capture)
+    sampler = TupleSampler(rows=8192, probability=min(1.0, 8192 * 100 / max(size, 1)))
+    aggs = [qp for qp in plan.queries if qp.query.stream == "packets"
+            and not qp.query.is_selection]
+    keys = sorted({k for qp in aggs for k in qp.query.keys})
     for raw in open_capture(capture):
         tb = unpack(raw)
         rows = np.arange(len(tb))
@@ -268,11 +275,14 @@ def _measure(plan, capture: str):
             if info.cheap and info.predicate.stream == "packets":
                 hits[info.predicate.text] = hits.get(info.predicate.text, 0) + int(
                     eval_predicate(info.predicate, tb, rows).sum())
-        run_prefilter(cp, tb, asc)
+        _, Q = run_prefilter(cp, tb, asc)
+        if aggs:
+            kept = np.flatnonzero(Q.any(axis=1))
+            sampler.observe("packets", tb.take(kept), Q[kept], keys, [qp.slot for qp in aggs])
     if asc._R:
         asc.choose(np.concatenate(asc._R), np.concatenate(asc._Q0))
     return ({k: v / total for k, v in hits.items()} if total else {}), (
-        asc.describe() if cp.ascs else None)
+        asc.describe() if cp.ascs else None), sampler.samples()
 
 
 def cmd_plan(args) -> int:
@@ -283,8 +293,9 @@ def cmd_plan(args) -> int:
     sequence = None
     if args.capture:
         check_capture(args.capture)
-        selectivity, sequence = _measure(plan, args.capture)
-        plan = build_plan(queries, selectivity=selectivity, **settings.plan_options())
+        selectivity, sequence, samples = _measure(plan, args.capture)
+        plan = build_plan(queries, selectivity=selectivity, samples=samples,
+                          **settings.plan_options())
     if args.format == "json":
         doc = plan.to_json()
         if sequence is not None:

@@ -53,6 +53,9 @@ class SparkConfig(BaseModel):
     watermark_delay_s: int = Field(1, ge=1, description="a window closes once partials this "
                                    "many seconds past its start arrive")
     trigger_s: float = Field(2.0, gt=0)
+    restart_backoff_s: float = Field(30.0, gt=0, description="a failed streaming query "
+                                     "restarts after this long, doubled while it keeps failing "
+                                     "(at most 10 minutes)")
     extra: dict[str, str] = Field(default_factory=dict, description="any other spark.* setting")
 
     @field_validator("driver_memory")
@@ -80,6 +83,11 @@ class PlannerConfig(BaseModel):
                                    "beyond 64); null = one per rectangle of the cover")
     max_j: int = Field(4, ge=1, le=16, description="most predicates in a rectangle grown by "
                        "Figure 4 (columns may hold more)")
+    hfta_row_cost: float = Field(200.0, ge=0, description="aggregate trees: the cost of one "
+                                 "partial row through Spark, in tuple hashes of the LFTA")
+    measure_tuples: int = Field(262_144, ge=0, description="replay measures selectivities and "
+                                "node sizes on this many first packets or flows before it plans "
+                                "(0: plan on defaults)")
 
 
 class AscConfig(BaseModel):
@@ -208,7 +216,8 @@ class Settings(BaseSettings):
         """build_plan's options: the one planner configuration the daemon, ``flowsieve plan``
         and ``flowsieve replay`` all compile with."""
         return {"cheap_cost": self.planner.cheap_cost, "bit_budget": self.planner.bit_budget,
-                "max_j": self.planner.max_j, "asc_min_constants": self.asc.min_constants}
+                "max_j": self.planner.max_j, "asc_min_constants": self.asc.min_constants,
+                "hfta_row_cost": self.planner.hfta_row_cost}
 
     @property
     def spool_dir(self) -> Path:

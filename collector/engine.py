@@ -17,21 +17,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from capture.fields import fields, measures
+from capture.fields import fields
 from capture.netflow import FlowBatch
 from capture.pcap import RawBatch
 from capture.unpack import TupleBatch, unpack
 from collector.asc_runtime import AscRuntime
 from collector.config import AscConfig, LftaConfig
-from collector.lfta import NodeTable, Partials, lfta_keyable
+from collector.lfta import NodeTable, Partials
 from collector.metrics import Metrics
 from collector.prefilter import CompiledPrefilter, compile_prefilter, run_prefilter
 from collector.residual import Residual
+from collector.sampling import TupleSampler
 from collector.selectivity import SelectivityMeter
 from collector.spool import (
-    TS_US,
     Spool,
-    aggregate_schema,
     null_columns,
     punctuation,
     qmask_array,
@@ -49,8 +48,7 @@ class FolderPlan:
     folder: str
     period: int | None
     slots: list[int]
-    nodes: list[tuple[tuple[str, ...], list[int]]]  # (key fields, slots) per node
-    tables: list[NodeTable | None] = field(default_factory=list)  # LFTA per node (or per-tuple)
+    tables: list[NodeTable] = field(default_factory=list)  # one per maintained node
 
 
 @dataclass
@@ -62,7 +60,23 @@ class _Compiled:
     fields: tuple[str, ...]  # what the plan's unpack groups extract
     folders: list[FolderPlan]
     names: dict[int, str]
+    keys: tuple[str, ...]  # every field an aggregate query of the stream groups by
+    agg_slots: tuple[int, ...]  # the stream's aggregate queries' slots
 
+
+
+def maintained_nodes(plan: Plan, stream: str, folder: str
+                     ) -> list[tuple[tuple[str, ...], list[int]]]:
+    """(keys, slots) of the LFTA tables of a folder: its aggregate tree's maintained nodes, or
+    one node per set of group-by fields when the plan has no tree for it."""
+    tree = plan.tree(stream, folder)
+    if tree is not None:
+        return tree.maintained()
+    nodes: dict[tuple[str, ...], list[int]] = {}
+    for qp in plan.queries:
+        if qp.query.stream == stream and qp.query.folder == folder:
+            nodes.setdefault(tuple(sorted(qp.query.keys)), []).append(qp.slot)
+    return sorted(nodes.items())
 
 
 class Engine:
@@ -71,11 +85,12 @@ class Engine:
     def __init__(self, spool: Spool, stream: str = "packets", metrics: Metrics | None = None,
                  probe: str = "flowsieve", watermark_delay_s: int = 1,
                  meter: SelectivityMeter | None = None, asc: AscConfig | None = None,
-                 lfta: LftaConfig | None = None):
+                 lfta: LftaConfig | None = None, sampler: TupleSampler | None = None):
         self.spool = spool
         self.asc_config = asc or AscConfig()
         self.lfta_config = lfta or LftaConfig()
         self.meter = meter
+        self.sampler = sampler
         self.stream = stream
         self.metrics = metrics or Metrics()
         self.probe = probe
@@ -85,7 +100,6 @@ class Engine:
         self._data = threading.RLock()
         self._pending: Plan | None = None
         self._c: _Compiled | None = None
-        self.batch_seq = 0
         self.max_time: int | None = None
         self.tuples_in = 0
 
@@ -111,30 +125,23 @@ class Engine:
         for folder in plan.folders(self.stream):
             qps = [qp for qp in plan.queries
                    if qp.query.stream == self.stream and qp.query.folder == folder]
-            nodes: dict[tuple[str, ...], list[int]] = {}
-            for qp in qps:
-                nodes.setdefault(tuple(sorted(qp.query.keys)), []).append(qp.slot)
             period = qps[0].query.period
-            fp = FolderPlan(self.stream, folder, period, [qp.slot for qp in qps],
-                            sorted(nodes.items()))
+            fp = FolderPlan(self.stream, folder, period, [qp.slot for qp in qps])
             if period is not None:
-                fp.tables = [self._table(fp, i, keys, slots, cp.q_words)
-                             for i, (keys, slots) in enumerate(fp.nodes)]
+                fp.tables = [NodeTable(self.stream, period, keys, slots, cp.q_words,
+                                       self.lfta_config)
+                             for keys, slots in maintained_nodes(plan, self.stream, folder)]
             folders.append(fp)
         a = self.asc_config
         runtime = AscRuntime(cp, a.strategy, a.period_tuples, a.mu, a.sample)
         return _Compiled(plan, cp, runtime, Residual(plan, self.stream),
                          plan.unpacking(self.stream).fields, folders,
                          {qp.slot: qp.query.name for qp in plan.queries
-                          if qp.query.stream == self.stream})
-
-    def _table(self, fp: FolderPlan, node_id: int, keys, slots, q_words: int
-               ) -> NodeTable | None:
-        lc = self.lfta_config
-        if not lc.enabled or not lfta_keyable(self.stream, keys):
-            return None
-        return NodeTable(self.stream, fp.period, node_id, keys, slots, q_words, lc.capacity,
-                         lc.max_load, lc.max_age_s)
+                          if qp.query.stream == self.stream},
+                         tuple(sorted({k for qp in plan.queries if qp.query.stream == self.stream
+                                       and not qp.query.is_selection for k in qp.query.keys})),
+                         tuple(qp.slot for qp in plan.queries if qp.query.stream == self.stream
+                               and not qp.query.is_selection))
 
     def asc_state(self) -> dict | None:
         """The running ASC sequence (for GET /prefilter)."""
@@ -182,6 +189,23 @@ class Engine:
             return 0
         return self.process_tuples(c, fb)
 
+    def observe(self, raw: RawBatch | FlowBatch) -> None:
+        """Measure a batch without spooling it: predicate selectivities and the tuple sample
+        of the plan's nodes (``replay`` and ``flowsieve plan --capture`` plan on them)."""
+        with self._data:
+            c = self._current()
+            if c is None:
+                return
+            tb = raw if isinstance(raw, FlowBatch) else unpack(raw, c.fields)
+            if self.meter is not None:
+                self.meter.observe(c.plan, tb)
+            _, Q = run_prefilter(c.prefilter, tb, c.asc)
+            if c.residual:
+                c.residual.apply(tb, Q)
+            if self.sampler is not None and c.agg_slots:
+                keep = np.flatnonzero(Q.any(axis=1))
+                self.sampler.observe(self.stream, tb.take(keep), Q[keep], c.keys, c.agg_slots)
+
     def process_tuples(self, c: _Compiled, tb: TupleBatch | FlowBatch) -> int:
         if self.meter is not None:
             self.meter.observe(c.plan, tb)
@@ -202,24 +226,20 @@ class Engine:
             return 0
         tb = tb.take(np.flatnonzero(keep))
         Q = Q[keep]
+        if self.sampler is not None and c.agg_slots:
+            self.sampler.observe(self.stream, tb, Q, c.keys, c.agg_slots)
         for slot, name in c.names.items():
             hits = int(has_slot(Q, slot).sum())
             if hits:
                 self.metrics.query_matched.labels(name).inc(hits)
-        self.batch_seq += 1
         now = time.monotonic_ns()
         for fp in c.folders:
             if fp.period is None:
                 self._write(fp, self._select_rows(c, fp, tb, Q))
                 continue
-            parts = [self._partials(c, fp, tb, Q)]
-            for table in fp.tables:
-                if table is None:
-                    continue
-                rows = table.rows_of(tb, Q)
-                if rows is not None:
-                    parts += [table.to_spool(p, c.plan.version, self.probe, self.batch_seq)
-                              for p in table.table.merge(rows, now)]
+            parts = []
+            for t in fp.tables:
+                parts += t.add(tb, Q, now, c.plan.version, self.probe)
             self._write(fp, self._concat(parts))
         self._close_windows(c, now)
         return kept
@@ -242,10 +262,10 @@ class Engine:
             return
         edge = max(times) - self.watermark_delay_s
 
-        def due(t: NodeTable) -> list[Partials]:
+        def due(t: NodeTable) -> Partials:
             old = t.table.flush_if_old(now_ns)
-            return [old] if old is not None else [t.table.flush_windows((edge // t.period)
-                                                                         * t.period)]
+            return old if old is not None else t.table.flush_windows((edge // t.period)
+                                                                      * t.period)
         self._flush(c, due)
 
     def _flush(self, c: _Compiled, take) -> None:
@@ -253,13 +273,11 @@ class Engine:
         for fp in c.folders:
             parts = []
             for t in fp.tables:
-                if t is None:
+                if t.table is None:
                     continue
-                got = take(t)
-                for p in got if isinstance(got, list) else [got]:
-                    if len(p):
-                        parts.append(t.to_spool(p, c.plan.version, self.probe,
-                                                self.batch_seq))
+                p = take(t)
+                if len(p):
+                    parts.append(t.to_spool(p, c.plan.version, self.probe))
                 self._lfta_metrics(t)
             self._write(fp, self._concat(parts))
 
@@ -287,41 +305,6 @@ class Engine:
             self.metrics.spool_files.labels(self.stream, fp.folder).inc()
             self.metrics.spool_rows.labels(self.stream, fp.folder).inc(batch.num_rows)
 
-    def _partials(self, c, fp: FolderPlan, tb: TupleBatch, Q: np.ndarray) -> pa.Table | None:
-        """Partial aggregates of one (cnt = 1) per tuple, for the nodes without an LFTA table
-        (a string key, or the LFTA turned off), in the fixed schema."""
-        schema = aggregate_schema(self.stream)
-        tables = []
-        ws_all = (tb.time // fp.period) * fp.period * 1_000_000
-        meas = {m.name: tb.column(m.name).astype(np.int64) for m in measures(self.stream)}
-        for node_id, (keys, slots) in enumerate(fp.nodes):
-            if fp.tables and fp.tables[node_id] is not None:
-                continue  # merged by the node's LFTA table
-            mask = slot_mask(slots, Q.shape[1])
-            q = Q & mask
-            rows = np.flatnonzero(q.any(axis=1))
-            if not len(rows):
-                continue
-            n = len(rows)
-            present = {
-                "window_start": pa.array(ws_all[rows], TS_US),
-                "period_s": pa.array(np.full(n, fp.period, np.int32)),
-                "plan_version": pa.array(np.full(n, c.plan.version, np.int32)),
-                "qmask": qmask_array(q[rows]),
-                "node": pa.array(np.full(n, node_id, np.int32)),
-                "cnt": pa.array(np.ones(n, np.int64)),
-                "probe": pa.array([self.probe] * n, pa.string()),
-                "batch_seq": pa.array(np.full(n, self.batch_seq, np.int64)),
-            }
-            idx = pa.array(rows)
-            for k in keys:
-                present[k] = tb.arrow(k).take(idx)
-            for m, col in meas.items():
-                v = pa.array(col[rows])
-                present[f"sum_{m}"] = present[f"min_{m}"] = present[f"max_{m}"] = v
-            tables.append(pa.Table.from_arrays(null_columns(schema, n, present), schema=schema))
-        return pa.concat_tables(tables) if tables else None
-
     def _select_rows(self, c, fp: FolderPlan, tb: TupleBatch, Q: np.ndarray) -> pa.Table | None:
         schema = select_schema(self.stream)
         q = Q & slot_mask(fp.slots, Q.shape[1])
@@ -342,13 +325,12 @@ class Engine:
         # the partials of every window the punctuation closes reach the spool before it
         self._flush(c, (lambda t: t.table.flush_all()) if flush_all else
                     (lambda t: t.table.flush_windows(ws_of_period(t.period))))
-        words = c.prefilter.q_words
         for fp in c.folders:
             if fp.period is None:
                 continue
             ws = ws_of_period(fp.period)
             self.spool.write(self.stream, fp.folder,
-                             punctuation(self.stream, ws, c.plan.version, self.probe, words))
+                             punctuation(self.stream, ws, c.plan.version, self.probe))
 
     def finish(self) -> None:
         """End of input: punctuation beyond the last window, so every window closes."""

@@ -26,10 +26,10 @@ import numba as nb
 import numpy as np
 import pyarrow as pa
 
-from capture.fields import INT32, INT64, IP, fields, measures
-from capture.netflow import FLOW_IP_FIELDS, FlowBatch
-from capture.unpack import ip_arrow
-from collector.spool import TS_US, aggregate_schema, null_columns, qmask_array
+from capture.fields import measures
+from collector.config import LftaConfig
+from collector.keys import KeyLayout
+from collector.spool import TS_US, aggregate_schema
 from planner.slots import slot_mask
 
 I64_MAX = np.iinfo(np.int64).max
@@ -238,91 +238,65 @@ class PartialTable:
 
 
 # --------------------------------------------------------------------------- the engine's tables
-def lfta_keyable(stream: str, keys: tuple[str, ...]) -> bool:
-    """Whether a node's key fits int64 key words (integers and addresses; a string key such as
-    ``dns_qname`` is spooled one row per tuple)."""
-    cat = fields(stream)
-    return all(cat[k].kind in (INT32, INT64, IP) for k in keys)
-
-
-def _ip_valid(tb, name: str) -> np.ndarray:
-    if isinstance(tb, FlowBatch):
-        return tb.ipset[FLOW_IP_FIELDS.index(name)]
-    return tb.ip_valid()
-
-
 class NodeTable:
-    """The LFTA table of one aggregate-tree node of a (stream, period) folder: builds the key
-    words of a batch's tuples — window start, the node's key fields (an address as validity and
-    two halves), the query-bit pattern restricted to the node's slots — merges them, and turns
-    flushed rows back into spool rows (DESIGN's spool schema)."""
+    """One aggregate-tree node of a (stream, period) folder as the engine runs it: each tuple's
+    key is its window start, the node's fields and its query-bit pattern restricted to the node's
+    slots (collector/keys.py packs it for the spool). With an LFTA table the tuples merge into
+    partials that leave when flushed; without one (the LFTA off, or a string key such as
+    ``dns_qname``) every tuple goes to the spool as a partial of one."""
 
-    def __init__(self, stream: str, period: int, node_id: int, keys: tuple[str, ...],
-                 slots: list[int], q_words: int, capacity: int, max_load: float,
-                 max_age_s: float):
-        self.stream, self.period, self.node_id, self.keys = stream, period, node_id, keys
+    def __init__(self, stream: str, period: int, keys, slots, q_words: int,
+                 lfta: LftaConfig | None):
+        self.stream, self.period = stream, period
+        self.layout = KeyLayout(stream, keys, q_words)
+        self.keys, self.slots = self.layout.keys, sorted(slots)
         self.mask = slot_mask(slots, q_words)
-        cat = fields(stream)
-        self.kinds = [cat[k].kind for k in keys]
         self.measures = [m.name for m in measures(stream)]
-        width = 1 + sum(3 if k == IP else 1 for k in self.kinds) + q_words
-        self.table = PartialTable(width, len(self.measures), capacity, max_load, max_age_s)
+        self.table = None
+        if lfta is not None and lfta.enabled and self.layout.string is None:
+            self.table = PartialTable(1 + self.layout.words, len(self.measures), lfta.capacity,
+                                      lfta.max_load, lfta.max_age_s)
         self.schema = aggregate_schema(stream)
         self.reported = LftaStats()  # what the metrics have counted so far
 
-    def rows_of(self, tb, Q: np.ndarray) -> Partials | None:
-        """The batch's tuples of this node as partials of one (None when none)."""
+    def rows_of(self, tb, Q: np.ndarray) -> tuple[Partials, pa.Array | None] | None:
+        """The batch's tuples of this node as partials of one, with their string key (None
+        when no tuple belongs to the node)."""
         q = Q & self.mask
         rows = np.flatnonzero(q.any(axis=1))
         if not len(rows):
             return None
-        keys = np.empty((len(rows), self.table.key_words), np.int64)
+        keys = np.empty((len(rows), 1 + self.layout.words), np.int64)
         keys[:, 0] = (tb.time[rows] // self.period) * self.period
-        c = 1
-        for name, kind in zip(self.keys, self.kinds, strict=True):
-            if kind == IP:
-                valid = _ip_valid(tb, name)[rows]
-                words = np.ascontiguousarray(tb.column(name)[rows]).view(">i8").reshape(-1, 2)
-                keys[:, c] = valid
-                keys[:, c + 1] = np.where(valid, words[:, 0], 0)
-                keys[:, c + 2] = np.where(valid, words[:, 1], 0)
-                c += 3
-            else:
-                keys[:, c] = tb.column(name)[rows]
-                c += 1
-        keys[:, c:] = q[rows].view(np.int64)
+        keys[:, 1:1 + self.layout.field_words] = self.layout.field_words_of(tb, rows)
+        keys[:, 1 + self.layout.field_words:] = q[rows].view(np.int64)
         meas = np.empty((len(rows), len(self.measures)), np.int64)
         for m, name in enumerate(self.measures):
             meas[:, m] = tb.column(name)[rows]
-        return Partials.of_tuples(keys, meas)
+        return Partials.of_tuples(keys, meas), self.layout.strings_of(tb, rows)
 
-    def to_spool(self, p: Partials, plan_version: int, probe: str, batch_seq: int
-                 ) -> pa.Table:
-        """Flushed rows as a spool batch: key words back to catalogue columns."""
+    def add(self, tb, Q: np.ndarray, now_ns: int, plan_version: int, probe: str
+            ) -> list[pa.Table]:
+        """Take a batch's tuples; returns the spool rows due now (every tuple without a table,
+        what a full table flushed with one)."""
+        got = self.rows_of(tb, Q)
+        if got is None:
+            return []
+        rows, strings = got
+        if self.table is None:
+            return [self.to_spool(rows, plan_version, probe, strings)]
+        return [self.to_spool(p, plan_version, probe) for p in self.table.merge(rows, now_ns)]
+
+    def to_spool(self, p: Partials, plan_version: int, probe: str,
+                 strings: pa.Array | None = None) -> pa.Table:
+        """Partial rows as a spool batch (DESIGN's spool schema)."""
         n = len(p)
-        present = {
-            "window_start": pa.array(p.keys[:, 0] * 1_000_000, TS_US),
-            "period_s": pa.array(np.full(n, self.period, np.int32)),
-            "plan_version": pa.array(np.full(n, plan_version, np.int32)),
-            "node": pa.array(np.full(n, self.node_id, np.int32)),
-            "cnt": pa.array(p.cnt),
-            "probe": pa.array([probe] * n, pa.string()),
-            "batch_seq": pa.array(np.full(n, batch_seq, np.int64)),
-        }
-        c = 1
-        cat = fields(self.stream)
-        for name, kind in zip(self.keys, self.kinds, strict=True):
-            if kind == IP:
-                raw = np.ascontiguousarray(p.keys[:, c + 1:c + 3]).astype(">i8")
-                present[name] = ip_arrow(raw.view(np.uint8).reshape(n, 16), p.keys[:, c] != 0)
-                c += 3
-            else:
-                v = p.keys[:, c]
-                present[name] = pa.array(v, cat[name].arrow_type, mask=v < 0)
-                c += 1
-        present["qmask"] = qmask_array(p.keys[:, c:])
-        for m, name in enumerate(self.measures):
-            present[f"sum_{name}"] = pa.array(p.sums[:, m])
-            present[f"min_{name}"] = pa.array(p.mins[:, m])
-            present[f"max_{name}"] = pa.array(p.maxs[:, m])
-        return pa.Table.from_arrays(null_columns(self.schema, n, present), schema=self.schema)
+        cols = [pa.array(p.keys[:, 0] * 1_000_000, TS_US),
+                pa.array(np.full(n, plan_version, np.int32)),
+                pa.array(np.full(n, self.layout.label), pa.string()),
+                self.layout.encode(p.keys[:, 1:], strings),
+                pa.array(p.cnt)]
+        for m in range(len(self.measures)):
+            cols += [pa.array(p.sums[:, m]), pa.array(p.mins[:, m]), pa.array(p.maxs[:, m])]
+        cols.append(pa.array(np.full(n, probe), pa.string()))
+        return pa.Table.from_arrays(cols, schema=self.schema)

@@ -79,5 +79,14 @@ class Metrics:
         self.queries = Gauge("flowsieve_queries", "Registered queries", registry=r)
         self.result_rows = Counter("flowsieve_query_result_rows",
                                    "Result rows written by the Spark job", ["query"], registry=r)
+        self.spark_failures = Counter("flowsieve_spark_failures",
+                                      "Spark streaming queries that stopped on an error (each "
+                                      "is restarted after a back-off)", ["stream", "folder"],
+                                      registry=r)
+        self.spool_quarantined = Gauge("flowsieve_spool_quarantined_files",
+                                       "Unreadable spool files set aside in <folder>/bad/",
+                                       registry=r)
+        self.spark_up = Gauge("flowsieve_spark_up", "1 while every Spark streaming query runs",
+                              registry=r)
         self.spark_batches = Counter("flowsieve_spark_batches", "Spark micro-batches completed",
                                      ["stream", "folder"], registry=r)

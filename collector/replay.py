@@ -15,6 +15,8 @@ from collector.config import Settings
 from collector.engine import Engine
 from collector.metrics import Metrics
 from collector.results import read_results
+from collector.sampling import TupleSampler
+from collector.selectivity import SelectivityMeter
 from collector.spool import Spool
 from planner.plan import Plan, build_plan
 from planner.query import Query
@@ -24,6 +26,40 @@ class ReplayResult:
     def __init__(self, plan: Plan, answers: list[tuple[Query, pa.Table]],
                  error: DecodeError | None, engine: Engine):
         self.plan, self.answers, self.error, self.engine = plan, answers, error, engine
+
+
+def _inputs(capture, stream: str, batch_size: int, flow_ports, decoder: Decoder):
+    if stream == "packets":
+        return open_capture(capture, batch_size)
+    return capture_flows(capture, flow_ports, decoder)
+
+
+def measured_plan(capture, queries: list[Query], plan: Plan, spool: Spool, settings: Settings,
+                  flow_ports: Iterable[int] = DEFAULT_FLOW_PORTS) -> Plan:
+    """The plan rebuilt on what the first ``planner.measure_tuples`` tuples of each stream
+    show: predicate selectivities (the bit budget) and a tuple sample (aggregate-tree node
+    sizes). Input errors are left to the real pass, which reports them."""
+    limit = settings.planner.measure_tuples
+    meter = SelectivityMeter()
+    # a capture smaller than the limit is sampled as densely as its size allows (a packet or
+    # a flow record takes at least 60 bytes of the file)
+    expect = min(limit, max(1, os.path.getsize(capture) // 60))
+    sampler = TupleSampler(rows=8192, probability=min(1.0, 8192 / expect))
+    for stream in plan.streams():
+        engine = Engine(spool, stream, Metrics(), "measure", meter=meter, asc=settings.asc,
+                        lfta=settings.lfta, sampler=sampler)
+        engine.set_plan(plan)
+        seen = 0
+        try:
+            for batch in _inputs(capture, stream, settings.batch_size, flow_ports, Decoder()):
+                engine.observe(batch)
+                seen += len(batch)
+                if seen >= limit:
+                    break
+        except DecodeError:
+            pass
+    return build_plan(queries, selectivity=meter.selectivities(), samples=sampler.samples(),
+                      **settings.plan_options())
 
 
 def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.PathLike,
@@ -44,10 +80,13 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     settings = settings or Settings()
     asc, batch_size = settings.asc, settings.batch_size
     watermark_delay_s = settings.spark.watermark_delay_s
-    plan = build_plan(queries, **settings.plan_options())
     report = progress or (lambda stage, n: None)
     metrics = metrics or Metrics()
     spool = Spool(work / "spool")
+    plan = build_plan(queries, **settings.plan_options())
+    if settings.planner.measure_tuples:
+        report("measuring", 0)
+        plan = measured_plan(capture, queries, plan, spool, settings, flow_ports)
     error = None
     engine = None
     for stream in ("packets", "flows"):
@@ -58,17 +97,12 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
         engine.set_plan(plan)
         try:
             done = 0
-            if stream == "packets":
-                for raw in open_capture(capture, batch_size):
-                    engine.process(raw, "replay")
-                    done += len(raw)
-                    report("reading packets", done)
-            else:
-                decoder = decoder or Decoder()
-                for fb in capture_flows(capture, flow_ports, decoder):
-                    engine.process(fb, "replay")
-                    done += len(fb)
-                    report("reading flows", done)
+            decoder = decoder or Decoder()
+            for batch in _inputs(capture, stream, batch_size, flow_ports, decoder):
+                engine.process(batch, "replay")
+                done += len(batch)
+                report(f"reading {stream}", done)
+            if stream == "flows":
                 for reason, n in decoder.errors.items():
                     metrics.decode_errors.labels("replay", reason).inc(n)
         except DecodeError as e:

@@ -7,7 +7,7 @@ import json
 import operator
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +16,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from capture.fields import IP, TS, fields, ip_text, measures
+from collector.keys import KeyLayout
+from collector.spool import qmask_words
 from planner.query import Query
+from planner.slots import has_slot, slots_of
 
 CMP = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
        ">": operator.gt, ">=": operator.ge}
@@ -46,6 +49,53 @@ def _ip_strings(arr: pa.Array) -> pa.Array:
     out[other] = [ip_text(b[i].tobytes()) for i in other]
     out[~valid] = None
     return pa.array(out, pa.string())
+
+
+Resolve = Callable[[int], Query | None]
+
+
+def query_partials(stream: str, merged: pa.Table, resolve: Resolve
+                   ) -> list[tuple[Query, pa.Table]]:
+    """Merged partial rows of a folder (``window_start, node, key, cnt``, measures) as each
+    query's rows: ``window_start``, the query's key columns, ``cnt`` and the measures. A
+    query's rows come from every node whose pattern holds its slot (its node of the aggregate
+    tree, or a node of an earlier plan); ``finalize`` merges them to the query's keys."""
+    labels = merged.column("node")
+    meas = [c for c in merged.column_names if c == "cnt" or c[:4] in ("sum_", "min_", "max_")]
+    parts: dict[int, list[pa.Table]] = {}
+    queries: dict[int, Query | None] = {}
+    for label in pc.unique(labels).to_pylist():
+        if not label:
+            continue  # punctuation
+        rows = merged.filter(pc.equal(labels, label))
+        cols, pattern = KeyLayout.parse(stream, label).decode(rows.column("key"))
+        for slot in slots_of(np.bitwise_or.reduce(pattern, axis=0)):
+            if slot not in queries:
+                queries[slot] = resolve(slot)
+            q = queries[slot]
+            if q is None:
+                continue
+            missing = set(q.keys) - set(cols)
+            if missing:
+                raise ValueError(f"node {label} cannot answer {q.name}: it does not group by "
+                                 f"{', '.join(sorted(missing))}")
+            keep = pa.array(has_slot(pattern, slot))
+            table = pa.table({"window_start": rows.column("window_start"),
+                              **{k: cols[k] for k in q.keys},
+                              **{m: rows.column(m) for m in meas}})
+            parts.setdefault(slot, []).append(table.filter(keep))
+    return [(queries[s], pa.concat_tables(ts)) for s, ts in sorted(parts.items())]
+
+
+def selection_parts(rows: pa.Table, resolve: Resolve) -> list[tuple[Query, pa.Table]]:
+    """A selection folder's tuples split per query slot (vectorised over ``qmask``)."""
+    words = qmask_words(rows.column("qmask"))
+    out = []
+    for slot in slots_of(np.bitwise_or.reduce(words, axis=0)):
+        q = resolve(slot)
+        if q is not None:
+            out.append((q, rows.filter(pa.array(has_slot(words, slot)))))
+    return out
 
 
 def finalize(query: Query, merged: pa.Table) -> pa.Table:

@@ -20,6 +20,7 @@ from collector.engine import Engine
 from collector.metrics import Metrics
 from collector.registry import Registry
 from collector.results import clear_results, read_results
+from collector.sampling import TupleSampler
 from collector.selectivity import SelectivityMeter
 from collector.sources import Source, make_source
 from collector.spool import Spool
@@ -36,6 +37,7 @@ class Collector:
         self.settings = settings
         self.metrics = Metrics()
         self.meter = SelectivityMeter()
+        self.sampler = TupleSampler()
         self._spark = spark
         self.spark = None
         self.job = None
@@ -64,7 +66,8 @@ class Collector:
         self.sources: list[Source] = [
             make_source(c, s.batch_size, self._stats_callback(c), s.var_dir) for c in s.sources]
         self.engines = [Engine(self.spool, c.stream, self.metrics, s.probe,
-                               s.spark.watermark_delay_s, self.meter, s.asc, s.lfta)
+                               s.spark.watermark_delay_s, self.meter, s.asc, s.lfta,
+                               self.sampler)
                         for c in s.sources]
         self.rebuild()
         if with_spark:
@@ -109,6 +112,12 @@ class Collector:
             except Exception as err:  # reported like a source's failure, never silent
                 self.source_errors.append(f"lfta flush: {err!r}")
                 log.exception("LFTA flush or heartbeat failed")
+            if self.job is not None:
+                try:
+                    self.job.supervise(self.settings.spark.restart_backoff_s)
+                    self.metrics.spool_quarantined.set(self.spool.quarantined())
+                except Exception:  # the JVM itself is gone: /healthz says so
+                    log.exception("supervising the Spark job failed")
 
     def stop(self) -> None:
         self._stop.set()
@@ -221,6 +230,7 @@ class Collector:
             plan = build_plan([q for q, _ in entries], {q.name: s for q, s in entries},
                               self.registry.next_version(),
                               selectivity=self.meter.selectivities(),
+                              samples=self.sampler.samples(),
                               **self.settings.plan_options())
             self._slot_queries.clear()
             self._slot_queries.update({s: q for q, s in entries})

@@ -13,22 +13,24 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from capture.fields import fields, groupable, measures
+from capture.fields import fields, measures
 
 SUFFIX = ".arrow"
 TS_US = pa.timestamp("us", tz="UTC")
 
 
 def aggregate_schema(stream: str) -> pa.Schema:
-    """Partial-aggregate rows of a (stream, period) folder."""
-    cols = [pa.field("window_start", TS_US), pa.field("period_s", pa.int32()),
-            pa.field("plan_version", pa.int32()), pa.field("qmask", pa.list_(pa.int64()))]
-    cols += [pa.field(f.name, f.arrow_type) for f in groupable(stream)]
-    cols += [pa.field("node", pa.int32()), pa.field("cnt", pa.int64())]
+    """Partial-aggregate rows of a (stream, period) folder: the node's group key packed into one
+    binary value (collector/keys.py; ``node`` names its layout), so the HFTA groups by
+    ``(window_start, node, key)`` whatever the node."""
+    cols = [pa.field("window_start", TS_US), pa.field("plan_version", pa.int32()),
+            pa.field("node", pa.string()), pa.field("key", pa.binary()),
+            pa.field("cnt", pa.int64())]
     for m in measures(stream):
         cols += [pa.field(f"{agg}_{m.name}", pa.int64()) for agg in ("sum", "min", "max")]
-    cols += [pa.field("probe", pa.string()), pa.field("batch_seq", pa.int64())]
+    cols += [pa.field("probe", pa.string())]
     return pa.schema(cols)
 
 
@@ -117,6 +119,10 @@ class Spool:
                         pass
         return total
 
+    def quarantined(self) -> int:
+        """Spool files Spark's reader could not read, moved to ``<folder>/bad/``."""
+        return sum(1 for p in self.root.glob(f"*/*/bad/*{SUFFIX}"))
+
     def _room(self) -> bool:
         if self.size() < self.max_bytes:
             return True
@@ -156,23 +162,40 @@ def qmask_array(words: np.ndarray) -> pa.Array:
         offsets, pa.array(np.ascontiguousarray(words).view(np.int64).reshape(-1)))
 
 
+def qmask_words(qmask: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The ``qmask`` column back to (rows, words) uint64; shorter lists (an older plan with
+    fewer slots) are padded with zero words."""
+    if isinstance(qmask, pa.ChunkedArray):
+        qmask = qmask.combine_chunks()
+    n = len(qmask)
+    lens = pc.list_value_length(qmask).to_numpy(zero_copy_only=False).astype(np.int64)
+    width = int(lens.max()) if n else 1
+    flat = pc.list_flatten(qmask).to_numpy(zero_copy_only=False).view(np.uint64)
+    if (lens == width).all():
+        return flat.reshape(n, width)
+    out = np.zeros((n, width), np.uint64)
+    row = np.repeat(np.arange(n), lens)
+    col = np.arange(len(flat)) - np.repeat(np.cumsum(lens) - lens, lens)
+    out[row, col] = flat
+    return out
+
+
 def null_columns(schema: pa.Schema, n: int, present: dict[str, pa.Array]) -> list[pa.Array]:
     """Arrays for every schema column: given ones, NULL for the rest."""
     return [present[f.name] if f.name in present else pa.nulls(n, f.type) for f in schema]
 
 
-def punctuation(stream: str, window_start_s: int, plan_version: int, probe: str,
-                words: int = 1) -> pa.RecordBatch:
-    """One row with no query bit set whose window_start advances Spark's watermark."""
+def punctuation(stream: str, window_start_s: int, plan_version: int, probe: str
+                ) -> pa.RecordBatch:
+    """One row of no node (``node`` empty, count 0) whose window_start advances Spark's
+    watermark."""
     schema = aggregate_schema(stream)
     present = {
         "window_start": pa.array([window_start_s * 1_000_000], TS_US),
-        "period_s": pa.array([0], pa.int32()),
         "plan_version": pa.array([plan_version], pa.int32()),
-        "qmask": pa.array([[0] * words], pa.list_(pa.int64())),
-        "node": pa.array([-1], pa.int32()),
+        "node": pa.array([""], pa.string()),
+        "key": pa.array([b""], pa.binary()),
         "cnt": pa.array([0], pa.int64()),
         "probe": pa.array([probe], pa.string()),
-        "batch_seq": pa.array([-1], pa.int64()),
     }
     return pa.RecordBatch.from_arrays(null_columns(schema, 1, present), schema=schema)

@@ -7,6 +7,9 @@ v1 → v2 exists when v1 covers v2 (v2's attributes ⊆ v1's and v2's slots ⊆ 
 ``sz(v1) · C_H(v2)``: hashing v1's rows (N tuples for the root) on v2's key. The root's children are
 *maintained* while tuples stream (LFTA hash tables); every other node is *derived* from its
 parent when its window closes. A tree's cost is the sum of its edges: the CPU cost of a period.
+In flowsieve a maintained node's rows also pass through the HFTA (Spark merges the partials of
+every capture daemon): ``out_cost`` per row is added to the root's edges, so a fine node that
+serves many queries is weighed against the rows it sends to Spark.
 
 Finding the cheapest tree containing every query's node is a directed Steiner problem (NP-hard,
 Theorem 1). ``randomized`` is the paper's Algorithm 1 with its filter variant: each iteration adds
@@ -85,18 +88,35 @@ class AggTree:
         return out[::-1]
 
 
-def tree_cost(parent: dict[AggNode, AggNode], size: SizeFn, hash_cost: HashCostFn) -> float:
-    return sum(size(p) * hash_cost(v) for v, p in parent.items())
+def edge_cost(size: SizeFn, hash_cost: HashCostFn, out_cost: float = 0.0,
+              stream_size: SizeFn | None = None) -> Callable[[AggNode, AggNode], float]:
+    """The cost of edge u → w: hashing u's rows on w's key, plus shipping a maintained node's
+    rows to the HFTA. ``stream_size(w)``, when given, is how many of the stream's tuples reach
+    a maintained node w (the prefilter passes a node only its filter's tuples); else all."""
+    def cost(u: AggNode, w: AggNode) -> float:
+        if not u.root:
+            return size(u) * hash_cost(w)
+        n = size(u) if stream_size is None else stream_size(w)
+        return n * hash_cost(w) + size(w) * out_cost
+    return cost
 
 
-def naive_tree(queries: dict[int, AggNode], size: SizeFn, hash_cost: HashCostFn) -> AggTree:
+def tree_cost(parent: dict[AggNode, AggNode], size: SizeFn, hash_cost: HashCostFn,
+              out_cost: float = 0.0, stream_size: SizeFn | None = None) -> float:
+    edge = edge_cost(size, hash_cost, out_cost, stream_size)
+    return sum(edge(p, v) for v, p in parent.items())
+
+
+def naive_tree(queries: dict[int, AggNode], size: SizeFn, hash_cost: HashCostFn,
+               out_cost: float = 0.0, stream_size: SizeFn | None = None) -> AggTree:
     """One aggregation per query, each from the stream (no sharing)."""
     parent = dict.fromkeys(set(queries.values()), ROOT)
-    return AggTree(parent, tree_cost(parent, size, hash_cost), dict(queries))
+    return AggTree(parent, tree_cost(parent, size, hash_cost, out_cost, stream_size),
+                   dict(queries))
 
 
-def _distances(nodes: Sequence[AggNode], size: SizeFn, hash_cost: HashCostFn, src: AggNode
-               ) -> tuple[dict[AggNode, float], dict[AggNode, AggNode]]:
+def _distances(nodes: Sequence[AggNode], edge: Callable[[AggNode, AggNode], float],
+               src: AggNode) -> tuple[dict[AggNode, float], dict[AggNode, AggNode]]:
     """Cheapest path costs (and predecessors) from ``src`` in the partial aggregate graph."""
     dist = {src: 0.0}
     prev: dict[AggNode, AggNode] = {}
@@ -106,11 +126,10 @@ def _distances(nodes: Sequence[AggNode], size: SizeFn, hash_cost: HashCostFn, sr
         d, _, u = heapq.heappop(heap)
         if d > dist[u]:
             continue
-        su = size(u)
         for w in nodes:
             if w is u or not u.covers(w):
                 continue
-            nd = d + su * hash_cost(w)
+            nd = d + edge(u, w)
             if nd < dist.get(w, float("inf")):
                 dist[w], prev[w] = nd, u
                 heapq.heappush(heap, (nd, tick, w))
@@ -119,11 +138,13 @@ def _distances(nodes: Sequence[AggNode], size: SizeFn, hash_cost: HashCostFn, sr
 
 
 def steiner(nodes: Sequence[AggNode], terminals: Iterable[AggNode], size: SizeFn,
-            hash_cost: HashCostFn) -> dict[AggNode, AggNode]:
+            hash_cost: HashCostFn, out_cost: float = 0.0, stream_size: SizeFn | None = None
+            ) -> dict[AggNode, AggNode]:
     """A directed Steiner tree from the root to ``terminals`` over the graph on ``nodes``
     (level-2 greedy): returns each tree node's parent."""
     nodes = [ROOT, *[v for v in nodes if not v.root]]
-    paths = {u: _distances(nodes, size, hash_cost, u) for u in nodes}
+    edge = edge_cost(size, hash_cost, out_cost, stream_size)
+    paths = {u: _distances(nodes, edge, u) for u in nodes}
     parent: dict[AggNode, AggNode] = {}
     in_tree = {ROOT}
     left = set(terminals) - in_tree
@@ -165,12 +186,18 @@ def _attach(parent, in_tree, prev, src, dst) -> None:
 
 
 def randomized(queries: dict[int, AggNode], size: SizeFn, hash_cost: HashCostFn,
-               c1: int = 8, c2: int = 8, seed: int = 0) -> AggTree:
+               c1: int = 8, c2: int = 8, seed: int = 0, out_cost: float = 0.0,
+               stream_size: SizeFn | None = None) -> AggTree:
     """Algorithm 1 with the filter variant: ``c1`` iterations of ``c2`` random unions."""
     rng = random.Random(seed)
     terminals = sorted(set(queries.values()))
-    best = naive_tree(queries, size, hash_cost)
+    best = naive_tree(queries, size, hash_cost, out_cost, stream_size)
     keep = set(terminals)
+    # the filter variant's first candidates: one node over the filters of every key set
+    by_keys: dict[frozenset[str], AggNode] = {}
+    for v in terminals:
+        by_keys[v.keys] = by_keys[v.keys].union(v) if v.keys in by_keys else v
+    keep |= set(by_keys.values())
     for _ in range(c1):
         extra: set[AggNode] = set()
         for _ in range(c2):
@@ -183,8 +210,9 @@ def randomized(queries: dict[int, AggNode], size: SizeFn, hash_cost: HashCostFn,
                 if u != v and u.covers(v):
                     extra.add(AggNode(u.keys, v.slots))  # v's filter, u's attributes
                     extra.add(AggNode(v.keys, u.slots))  # v's attributes, u's filter
-        parent = steiner(sorted(keep | extra), terminals, size, hash_cost)
-        cost = tree_cost(parent, size, hash_cost)
+        parent = steiner(sorted(keep | extra), terminals, size, hash_cost, out_cost,
+                         stream_size)
+        cost = tree_cost(parent, size, hash_cost, out_cost, stream_size)
         if cost < best.cost - 1e-9:
             best = AggTree(parent, cost, dict(queries))
         keep = set(best.parent) | set(terminals)

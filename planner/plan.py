@@ -10,14 +10,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from capture.fields import fields
+import numpy as np
+
+from capture.fields import IP, fields
+from planner.aggtree import ROOT, AggNode, AggTree, edge_cost, naive_tree, randomized
 from planner.asc import ASC, add_candidate_arrows, asc_attributes, build_asc, single_attribute
 from planner.bpf import bpf_expression
 from planner.cover import Cover, cover_matrix
 from planner.query import Predicate, Query
+from planner.sizes import NodeSizes, TupleSample
+from planner.slots import n_words
 from planner.unpacking import Unpacking, choose_unpacking
 
 MAX_ASCS = 12
+# beyond this many queries in one folder, queries with the same keys start as one node (the
+# tree search is quadratic in its nodes)
+MAX_TREE_TERMINALS = 48
 
 
 @dataclass
@@ -52,6 +60,59 @@ class QueryPlan:
 
 
 @dataclass
+class FolderTree:
+    """The aggregate tree of one (stream, period) folder (seed 002): which nodes the LFTA
+    maintains while tuples stream, and how each query is derived from them."""
+
+    stream: str
+    folder: str
+    period: int
+    tree: AggTree
+    naive_cost: float
+    sizes: dict[AggNode, float]
+    costs: dict[AggNode, float]  # each node's edge from its parent
+    names: dict[int, str]  # slot -> query name
+
+    def maintained(self) -> list[tuple[tuple[str, ...], list[int]]]:
+        """(keys, slots) of each maintained node; the slots are those of the queries derived
+        from it (a query's tuples reach exactly one LFTA table)."""
+        serves: dict[AggNode, list[int]] = {}
+        for slot, v in self.tree.queries.items():
+            serves.setdefault(self.tree.path(v)[0], []).append(slot)
+        return [(tuple(sorted(m.keys)), sorted(serves[m])) for m in self.tree.maintained
+                if m in serves]
+
+    def to_json(self) -> dict:
+        t = self.tree
+        return {"stream": self.stream, "folder": self.folder, "period_s": self.period,
+                "cost": t.cost, "naive_cost": self.naive_cost, "tuples": self.sizes.get(ROOT),
+                "nodes": [{"node": v.text(), "keys": sorted(v.keys), "slots": sorted(v.slots),
+                           "parent": t.parent[v].text(), "maintained": t.parent[v].root,
+                           "size": self.sizes.get(v), "cost": self.costs.get(v)}
+                          for v in t.nodes],
+                "queries": {self.names[s]: [v.text() for v in t.path(v)]
+                            for s, v in sorted(t.queries.items())}}
+
+    def explain(self) -> list[str]:
+        t = self.tree
+        lines = [f"  {self.stream}/{self.folder}: cost {t.cost:,.0f} per period vs "
+                 f"{self.naive_cost:,.0f} with one aggregation per query "
+                 f"({self.sizes.get(ROOT, 0):,.0f} tuples per period)"]
+
+        def show(v: AggNode, depth: int) -> None:
+            how = "maintained" if t.parent[v].root else "derived"
+            lines.append(f"    {'  ' * depth}{v.text()} {how}, ~{self.sizes.get(v, 0):,.0f} "
+                         f"rows, edge {self.costs.get(v, 0):,.0f}")
+            for c in t.children(v):
+                show(c, depth + 1)
+        for m in t.maintained:
+            show(m, 0)
+        for s, v in sorted(t.queries.items()):
+            lines.append(f"    {self.names[s]}: " + " -> ".join(x.text() for x in t.path(v)))
+        return lines
+
+
+@dataclass
 class Plan:
     version: int
     predicates: list[PredicateInfo]
@@ -63,6 +124,13 @@ class Plan:
     ascs: list[ASC] = field(default_factory=list)
     cover: Cover | None = None
     asc_min_constants: int = 3
+    trees: list[FolderTree] = field(default_factory=list)
+
+    def tree(self, stream: str, folder: str) -> FolderTree | None:
+        for t in self.trees:
+            if t.stream == stream and t.folder == folder:
+                return t
+        return None
 
     def stream_ascs(self, stream: str) -> list[ASC]:
         return [a for a in self.ascs if a.stream == stream]
@@ -117,6 +185,7 @@ class Plan:
             "unpack_groups": {s: list(self.unpacking(s).groups) for s in self.streams()},
             "unpack": {s: self.unpacking(s).to_json() for s in self.streams()},
             "bpf": self.bpf,
+            "aggregate_trees": [t.to_json() for t in self.trees],
         }
 
     def explain(self) -> str:
@@ -173,6 +242,11 @@ class Plan:
             lines.append(f"  {q.name} [slot {qp.slot}, {q.stream}, "
                          f"{'select' if q.is_selection else f'every {q.period} s'}]  "
                          f"signature {sig}{ascs}  residual {res}")
+        if self.trees:
+            lines += ["", "aggregate trees (LFTA tables maintained while tuples stream; the "
+                      "others derived from them when a window closes):"]
+            for t in self.trees:
+                lines += t.explain()
         for s in self.streams():
             u = self.unpacking(s)
             if s == "packets":
@@ -186,10 +260,15 @@ class Plan:
 def build_plan(queries: list[Query], slots: dict[str, int] | None = None, version: int = 1,
                cheap_cost: float = 10.0, bit_budget: int | None = None,
                selectivity: dict[str, float] | None = None, max_j: int = 4,
-               asc_min_constants: int | None = 3) -> Plan:
+               asc_min_constants: int | None = 3,
+               samples: dict[str, TupleSample] | None = None, hfta_row_cost: float = 200.0,
+               tree_seed: int = 0, aggregate_tree: bool = True) -> Plan:
     """Compile queries into a plan; ``slots`` maps query names to slots (default: in order);
     ``selectivity`` maps predicate texts to measured selectivities; attributes with at least
-    ``asc_min_constants`` constants or a range get an ASC (None: no ASCs)."""
+    ``asc_min_constants`` constants or a range get an ASC (None: no ASCs); ``samples`` are the
+    engine's tuple samples per stream (node sizes of the aggregate trees), ``hfta_row_cost`` the
+    cost of one partial row through Spark relative to hashing one tuple; without
+    ``aggregate_tree`` every query keeps its own LFTA table (seed 002's baseline)."""
     if slots is None:
         slots = {q.name: i for i, q in enumerate(queries)}
     ids: dict[Predicate, int] = {}
@@ -258,6 +337,49 @@ def build_plan(queries: list[Query], slots: dict[str, int] | None = None, versio
         merged = Cover([r for c in covers for r in c.rectangles], bits,
                        sum(c.candidates for c in covers),
                        None if None in exp else sum(exp), all(c.by_selectivity for c in covers))
+    trees = aggregate_trees(qplans, infos, samples or {}, hfta_row_cost, tree_seed,
+                            aggregate_tree)
     return Plan(version, infos, bits, qplans, cheap_cost, bit_budget,
                 bpf=bpf_expression(queries), ascs=ascs, cover=merged,
-                asc_min_constants=asc_min_constants or 0)
+                asc_min_constants=asc_min_constants or 0, trees=trees)
+
+
+def aggregate_trees(qplans: list[QueryPlan], infos: list[PredicateInfo],
+                    samples: dict[str, TupleSample], hfta_row_cost: float, seed: int,
+                    search: bool = True) -> list[FolderTree]:
+    """An aggregate tree per (stream, period) folder (seed 002's Algorithm 1, filter variant)."""
+    out = []
+    words = n_words(max((qp.slot for qp in qplans), default=0) + 1)
+    folders: dict[tuple[str, str], list[QueryPlan]] = {}
+    for qp in qplans:
+        if not qp.query.is_selection:
+            folders.setdefault((qp.query.stream, qp.query.folder), []).append(qp)
+    for (stream, folder), qps in sorted(folders.items()):
+        cat = fields(stream)
+        share = {}
+        for qp in qps:
+            sel = [infos[p].selectivity for p in qp.predicates]
+            share[qp.slot] = float(np.prod([x for x in sel if x is not None])) if sel else 1.0
+        sizes = NodeSizes(stream, qps[0].query.period, samples.get(stream), share)
+
+        def hash_cost(v: AggNode, cat=cat) -> float:
+            return 1.0 + (sum(3 if cat[k].kind == IP else 1 for k in v.keys) + words) / 4
+
+        terminals = {qp.slot: AggNode(frozenset(qp.query.keys), frozenset({qp.slot}))
+                     for qp in qps}
+        if len(terminals) > MAX_TREE_TERMINALS:
+            by_keys: dict[frozenset, set[int]] = {}
+            for slot, v in terminals.items():
+                by_keys.setdefault(v.keys, set()).add(slot)
+            terminals = {slot: AggNode(v.keys, frozenset(by_keys[v.keys]))
+                         for slot, v in terminals.items()}
+        naive_plan = naive_tree(terminals, sizes, hash_cost, hfta_row_cost, sizes.tuples_of)
+        naive = naive_plan.cost
+        tree = randomized(terminals, sizes, hash_cost, seed=seed, out_cost=hfta_row_cost,
+                          stream_size=sizes.tuples_of) if search else naive_plan
+        edge = edge_cost(sizes, hash_cost, hfta_row_cost, sizes.tuples_of)
+        out.append(FolderTree(stream, folder, qps[0].query.period, tree, naive,
+                              {v: sizes(v) for v in [ROOT, *tree.nodes]},
+                              {v: edge(p, v) for v, p in tree.parent.items()},
+                              {qp.slot: qp.query.name for qp in qps}))
+    return out

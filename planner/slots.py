@@ -48,3 +48,9 @@ def set_bit_rows(M, k, rows):
     bit = np.uint64(1) << np.uint64(k & 63)
     for i in range(rows.shape[0]):
         M[i, w] |= bit * np.uint64(rows[i])
+
+
+def slots_of(mask: np.ndarray) -> list[int]:
+    """The slots whose bits are set in a mask of words."""
+    return [64 * w + b for w, word in enumerate(mask.tolist()) for b in range(64)
+            if word >> b & 1]

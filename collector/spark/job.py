@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,21 +18,21 @@ from pyspark.java_gateway import launch_gateway
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from capture.fields import groupable, measures
+from capture.fields import measures
 from collector.metrics import Metrics
-from collector.results import finalize, project_selection, write_results
+from collector.results import (
+    finalize,
+    project_selection,
+    query_partials,
+    selection_parts,
+    write_results,
+)
 from collector.spark.source import SpoolDataSource
 from planner.query import Query
 
 log = logging.getLogger("flowsieve.spark")
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-
-# The slot numbers of the set bits of qmask (bit i of word w is slot 64·w + i).
-SLOTS_EXPR = ("flatten(transform(sequence(0, size(qmask) - 1), w -> "
-              "filter(transform(sequence(0, 63), b -> "
-              "IF((shiftright(qmask[w], b) & 1) = 1, w * 64 + b, -1)), s -> s >= 0)))")
-
 
 def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_partitions: int = 4,
                   rocksdb: bool = True, extra: dict[str, str] | None = None,
@@ -72,24 +73,26 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
 
 
 def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int) -> DataFrame:
-    """Explode rows by query slot and merge partials per (window, slot, keys).
-
-    The skeleton's aggregation: FACTS measured it slow at scale (explode × high-cardinality
-    keys); the issue "Spark at scale" replaces this one function.
-    """
-    keys = [f.name for f in groupable(stream)]
+    """Merge the partials of each (window, node, key), from any number of capture daemons,
+    under the watermark. The key is one binary value (collector/keys.py): the group never
+    spans the catalogue's columns and no row is exploded per query."""
     aggs = [F.sum("cnt").alias("cnt")]
     for m in measures(stream):
         aggs += [F.sum(f"sum_{m.name}").alias(f"sum_{m.name}"),
                  F.min(f"min_{m.name}").alias(f"min_{m.name}"),
                  F.max(f"max_{m.name}").alias(f"max_{m.name}")]
     return (df.withWatermark("window_start", f"{watermark_delay_s} seconds")
-            .withColumn("slot", F.explode(F.expr(SLOTS_EXPR)))
-            .groupBy("window_start", "slot", *keys)
+            .groupBy("window_start", "node", "key")
             .agg(*aggs))
 
 
 Resolver = Callable[[int], Query | None]
+
+
+def _first_line(e) -> str:
+    """A Spark exception in one line (its message without the JVM stack)."""
+    text = str(getattr(e, "desc", None) or e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
 
 
 class SparkJob:
@@ -109,7 +112,8 @@ class SparkJob:
         self.trigger_s = trigger_s
         self.queries: dict[tuple[str, str], object] = {}
         self._lock = threading.Lock()
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # the latest failures, newest last
+        self._failed: dict[tuple[str, str], tuple[float, int]] = {}  # -> (retry at, attempts)
 
     def _sink(self, stream: str, folder: str):
         def write_batch(batch_df: DataFrame, batch_id: int) -> None:
@@ -120,19 +124,26 @@ class SparkJob:
         return write_batch
 
     def write_answers(self, stream: str, folder: str, table: pa.Table, batch_id: int) -> None:
-        """Split a merged batch by slot and write each query's answer."""
-        slots = table.column("slot").to_pylist()
-        for slot in sorted(set(slots)):
-            q = self.resolve(slot)
-            if q is None or q.stream != stream or q.folder != folder:
-                log.warning("no query holds slot %s of %s/%s; %d rows skipped", slot, stream,
-                            folder, slots.count(slot))
-                continue
-            part = table.filter(pa.compute.equal(table.column("slot"), slot))
+        """Derive each query's answer from a batch of merged rows (vectorised) and write it."""
+        if folder == "select":
+            parts = selection_parts(table, self._resolver(stream, folder))
+        else:
+            parts = query_partials(stream, table, self._resolver(stream, folder))
+        for q, part in parts:
             answer = project_selection(q, part) if q.is_selection else finalize(q, part)
             write_results(self.results_root, q.name, f"{stream}-{folder}-{batch_id:010d}",
                           answer)
             self.metrics.result_rows.labels(q.name).inc(answer.num_rows)
+
+    def _resolver(self, stream: str, folder: str) -> Resolver:
+        def resolve(slot: int) -> Query | None:
+            q = self.resolve(slot)
+            if q is None or q.stream != stream or q.folder != folder:
+                log.warning("no query of %s/%s holds slot %s; its rows are skipped", stream,
+                            folder, slot)
+                return None
+            return q
+        return resolve
 
     def _dataframe(self, stream: str, folder: str) -> DataFrame:
         path = self.spool_root / stream / folder
@@ -140,7 +151,7 @@ class SparkJob:
         df = (self.spark.readStream.format("flowsieve_spool").option("path", str(path))
               .option("stream", stream).option("folder", folder).load())
         if folder == "select":
-            return df.withColumn("slot", F.explode(F.expr(SLOTS_EXPR)))
+            return df
         return merge_partials(df, stream, self.delay)
 
     def start(self, stream: str, folder: str, available_now: bool = False):
@@ -175,12 +186,44 @@ class SparkJob:
                 raise RuntimeError(f"Spark query {sq.name} failed: {sq.exception()}")
 
     def check(self) -> list[str]:
-        """Errors of queries that stopped."""
+        """Errors of queries that stopped and are not running again."""
         out = []
         for (s, f), sq in list(self.queries.items()):
             if not sq.isActive and sq.exception() is not None:
-                out.append(f"{s}/{f}: {sq.exception()}")
+                out.append(f"{s}/{f}: {_first_line(sq.exception())}")
         return out
+
+    def supervise(self, backoff_s: float = 30.0, max_backoff_s: float = 600.0) -> None:
+        """Count and restart failed streaming queries (the daemon calls it every tick): a
+        failure is reported once (metric, ``errors``, the log) and the query restarts after a
+        back-off that doubles while it keeps failing. Meanwhile the capture side keeps
+        spooling (the spool is bounded)."""
+        now = time.monotonic()
+        for key, sq in list(self.queries.items()):
+            if sq.isActive:
+                if key in self._failed and sq.lastProgress is not None:
+                    del self._failed[key]  # it ran a batch again
+                continue
+            if sq.exception() is None:
+                continue  # stopped on purpose
+            retry_at, attempts = self._failed.get(key, (None, 0))
+            if retry_at is None:
+                msg = f"{key[0]}/{key[1]}: {_first_line(sq.exception())}"
+                log.error("Spark query %s failed: %s", sq.name, msg)
+                self.errors = (self.errors + [msg])[-10:]
+                self.metrics.spark_failures.labels(*key).inc()
+                self._failed[key] = (now + min(max_backoff_s, backoff_s * 2 ** attempts),
+                                     attempts)
+            elif now >= retry_at:
+                self._failed[key] = (None, attempts + 1)
+                try:
+                    self.start(*key)
+                except Exception as e:  # noqa: BLE001 - reported, retried on the next tick
+                    self.errors = (self.errors + [f"{key[0]}/{key[1]}: restart: {e}"])[-10:]
+                    self._failed[key] = (now + min(max_backoff_s, backoff_s * 2 ** attempts),
+                                         attempts + 1)
+        self.metrics.spark_up.set(int(bool(self.queries) and
+                                      all(sq.isActive for sq in self.queries.values())))
 
     def stop(self) -> None:
         for sq in list(self.queries.values()):

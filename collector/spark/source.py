@@ -18,6 +18,26 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from collector.spool import file_seq, list_files, schema_for, spark_ddl
 
 FILES_PER_PARTITION = 16
+QUARANTINE = "bad"
+
+
+def _batches(path: str) -> list[pa.RecordBatch]:
+    """Every batch of a spool file (all opened first: a corrupt file yields nothing). The
+    batches map the file; the mapping lives as long as they do."""
+    reader = pa.ipc.open_file(pa.memory_map(path))
+    return [reader.get_batch(i) for i in range(reader.num_record_batches)]
+
+
+def quarantine(path: str, error: Exception) -> None:
+    """Move an unreadable spool file into ``bad/`` beside it (counted by the daemon's
+    ``flowsieve_spool_quarantined_files``) so that it never stops the query."""
+    bad = Path(path).parent / QUARANTINE
+    bad.mkdir(exist_ok=True)
+    try:
+        os.replace(path, bad / Path(path).name)
+        (bad / (Path(path).name + ".reason")).write_text(f"{type(error).__name__}: {error}\n")
+    except FileNotFoundError:
+        pass
 
 
 class SpoolPartition(InputPartition):
@@ -82,13 +102,17 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: SpoolPartition):
         schema = schema_for(self.stream, self.folder)
         for path in partition.paths:
-            with pa.memory_map(path) as source:
-                reader = pa.ipc.open_file(source)
-                for i in range(reader.num_record_batches):
-                    batch = reader.get_batch(i)
-                    if batch.schema != schema:
-                        batch = pa.Table.from_batches([batch]).cast(schema).to_batches()[0]
-                    yield batch
+            try:
+                batches = _batches(path)
+            except FileNotFoundError:
+                continue  # quarantined by an earlier attempt of this batch
+            except (pa.ArrowInvalid, OSError) as e:
+                quarantine(path, e)
+                continue
+            for batch in batches:
+                if batch.schema != schema:
+                    batch = pa.Table.from_batches([batch]).cast(schema).to_batches()[0]
+                yield batch
 
     def commit(self, end: dict) -> None:
         for f in list_files(Path(self.path)):

@@ -1,0 +1,409 @@
+"""Spark at scale (issue 12): end to end, Spark included, on a backbone-shaped trace and on the
+peers' uniform trace, with 1, 10 and 50 queries, in three modes:
+
+- ``full``: prefilter + LFTA + aggregate trees + the lean HFTA (``flowsieve replay``'s path);
+- ``per_tuple``: the same with the LFTA off: one spool row per tuple and node (the old path);
+- ``naive``: what a PySpark user would write: the tuples (flowsieve's decoder, every field the
+  queries read, no prefilter) as Parquet, and one Spark streaming query per registered query.
+
+Every mode's answers must equal a numpy truth computed from the trace generator's own arrays
+(bench/spark_queries.py), or the run fails. Each run is a fresh process (its JVM start timed
+apart; peak RSS of the process tree — Python, the JVM, Spark's Python workers — sampled).
+Also: the fixed cost of ``flowsieve replay`` on the 851-packet sample capture, and seed 002's
+comparison (aggregate tree vs one LFTA table per query, the engine alone).
+
+``python bench/bench_spark.py [--quick]``; figures in ``bench/results/spark.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import CACHE, write_result  # noqa: E402
+from bench.spark_queries import backbone_sql, canonical, columns, peer_sql, truth  # noqa: E402
+from bench.traces import trace  # noqa: E402
+from planner.query import parse_queries  # noqa: E402
+
+SIZES = {"backbone": 6_000_000, "uniform": 3_000_000}
+QUICK = {"backbone": 400_000, "uniform": 200_000}
+SETS = (1, 10, 50)
+
+
+# ----------------------------------------------------------------------------- one run
+class TreeRss:
+    """Peak resident memory of this process and of its descendants (the JVM, Spark's Python
+    workers), sampled from /proc every 0.2 s."""
+
+    def __init__(self):
+        self.me = os.getpid()
+        self.peak_self = self.peak_total = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    @staticmethod
+    def _rss(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            return 0
+
+    def _tree(self) -> list[int]:
+        kids: dict[int, list[int]] = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open(f"/proc/{d}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                kids.setdefault(ppid, []).append(int(d))
+        out, todo = [], [self.me]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo += kids.get(pid, [])
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            pids = self._tree()
+            own = self._rss(self.me)
+            self.peak_self = max(self.peak_self, own)
+            self.peak_total = max(self.peak_total, own + sum(self._rss(p) for p in pids[1:]))
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._t.join()
+        return {"peak_rss_python_mib": self.peak_self / 2**20,
+                "peak_rss_total_mib": self.peak_total / 2**20}
+
+
+def _sql(kind: str, p: dict) -> str:
+    return backbone_sql(p) if kind == "backbone" else peer_sql()
+
+
+def run_one(mode: str, kind: str, n: int, nq: int, out: Path) -> None:
+    """One measured run in this (fresh) process; writes its figures and answers to ``out``."""
+    from collector.config import Settings
+    from collector.results import rows_of
+    from collector.spark.job import build_session
+
+    path, p = trace(kind, n, CACHE)
+    queries = parse_queries(_sql(kind, p))[:nq]
+    rss = TreeRss()
+    settings = Settings(initial_queries=None)
+    t0 = time.perf_counter()
+    spark = build_session(settings.spark.master, settings.spark.driver_memory,
+                          settings.spark.shuffle_partitions, True, app_name="bench-spark")
+    jvm_s = time.perf_counter() - t0
+    work = Path(tempfile.mkdtemp(prefix=f"bench-spark-{mode}-", dir=CACHE))
+    stages: dict[str, float] = {}
+    t1 = time.perf_counter()
+    if mode == "naive":
+        answers, rows_in, done = _naive(spark, path, queries, work, stages, t1)
+    else:
+        from collector.metrics import Metrics
+        from collector.replay import replay
+        settings = Settings(initial_queries=None, lfta={"enabled": mode == "full"})
+        metrics = Metrics()
+
+        def progress(stage: str, records) -> None:
+            stages.setdefault(stage.split(":")[0], time.perf_counter() - t1)
+        res = replay(path, queries, work, spark, settings=settings, metrics=metrics,
+                     progress=progress)
+        answers = {q.name: rows_of(q, t) for q, t in res.answers}
+        rows_in = sum(s.value for m in metrics.spool_rows.collect() for s in m.samples
+                      if s.name.endswith("_total"))
+        done = True
+    wall = time.perf_counter() - t1
+    spark.stop()
+    doc = {"mode": mode, "trace": kind, "packets": len(p["proto"]), "queries": nq,
+           "jvm_start_s": jvm_s, "wall_s": wall, "stages_s": stages, "rows_into_spark": rows_in,
+           "finished": done, **rss.stop(), "answers": answers}
+    out.write_text(json.dumps(doc))
+
+
+def _naive(spark, path, queries, work: Path, stages: dict, t1: float):
+    """Decoded tuples as Parquet, then one streaming aggregation per query (all at once, as
+    a PySpark user starts them). Returns (answers, rows read by Spark, finished)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+
+    from capture.pcap import open_capture
+    from capture.unpack import unpack
+    from collector.results import finalize, rows_of
+    from planner.plan import build_plan
+
+    need = sorted(build_plan(queries, asc_min_constants=None).unpack_fields("packets")
+                  - {"ts"})
+    raw = work / "raw"
+    raw.mkdir()
+    parts, rows, last = [], 0, 0
+    for i, batch in enumerate(open_capture(path, 1 << 16)):
+        tb = unpack(batch, need)
+        parts.append(pa.table({f: tb.arrow(f) for f in need}))
+        rows += len(tb)
+        last = max(last, int(tb.time.max()))
+        if sum(t.num_rows for t in parts) >= 1_000_000:
+            pq.write_table(pa.concat_tables(parts), raw / f"part-{i:06d}.parquet")
+            parts = []
+    if parts:
+        pq.write_table(pa.concat_tables(parts), raw / "part-last.parquet")
+    schema = pq.read_schema(next(raw.glob("*.parquet")))
+    # a last row beyond every window closes them (the watermark sees it, the filter drops it)
+    pq.write_table(pa.table({f: pa.array([last + 7200 if f == "time" else None],
+                                         schema.field(f).type) for f in need}),
+                   raw / "zz-punctuation.parquet")
+    stages["spark"] = time.perf_counter() - t1
+    got: dict[str, list] = {q.name: [] for q in queries}
+    running = []
+    for q in queries:
+        df = (spark.readStream.schema(schema).parquet(str(raw))
+              .withColumn("window_start", F.timestamp_seconds(
+                  F.floor(F.col("time") / q.period).cast("long") * q.period))
+              .withWatermark("window_start", "1 seconds")
+              .where(spark_where(q)))
+        aggs = [F.count(F.lit(1)).alias("cnt")]
+        for m in q.measures:
+            aggs += [F.sum(m).alias(f"sum_{m}"), F.min(m).alias(f"min_{m}"),
+                     F.max(m).alias(f"max_{m}")]
+        agg = df.groupBy("window_start", *q.keys).agg(*aggs)
+
+        def sink(bdf, _id, q=q):
+            t = bdf.toArrow()
+            if t.num_rows:
+                got[q.name].append(t)
+        running.append(agg.writeStream.outputMode("append").foreachBatch(sink)
+                       .option("checkpointLocation", str(work / "ck" / q.name))
+                       .trigger(availableNow=True).start())
+    deadline = time.monotonic() + NAIVE_BUDGET_S
+    done = True
+    for sq in running:
+        left = deadline - time.monotonic()
+        if left <= 0 or not sq.awaitTermination(left):
+            done = False
+            break
+        if sq.exception() is not None:
+            done = False
+            break
+    for sq in running:
+        sq.stop()
+    answers = {}
+    for q in queries:
+        if got[q.name]:
+            answers[q.name] = rows_of(q, finalize(q, _longs(pa.concat_tables(got[q.name]))))
+        else:
+            answers[q.name] = []
+    return answers, rows * len(queries), done
+
+
+NAIVE_BUDGET_S = 600.0
+
+
+def _longs(t):
+    """Counts and measures as int64 (what finalize expects of partial rows)."""
+    import pyarrow as pa
+    cols = {}
+    for name in t.column_names:
+        c = t.column(name)
+        if name == "cnt" or name[:4] in ("sum_", "min_", "max_"):
+            c = c.cast(pa.int64())
+        cols[name] = c
+    return pa.table(cols)
+
+
+def spark_where(q) -> str:
+    """A query's WHERE clause in Spark SQL over the naive Parquet columns."""
+    from capture.fields import IP, fields
+    cat = fields(q.stream)
+
+    def atom(a) -> str:
+        f = a.field
+        if cat[f].kind == IP:
+            if a.op == "prefix":
+                value, length = a.values
+                assert length % 8 == 0, "byte-aligned prefixes only"
+                hexs = f"{value:032x}"[:length // 4]
+                s = f"substring({f}, 1, {length // 8}) = X'{hexs}'"
+            else:
+                s = " OR ".join(f"{f} = X'{v:032x}'" for v in a.values)
+                s = f"({s})"
+        elif a.op == "in":
+            s = f"{f} IN ({', '.join(map(str, a.values))})"
+        elif a.op == "between":
+            s = f"{f} BETWEEN {a.values[0]} AND {a.values[1]}"
+        else:
+            s = f"{f} {'!=' if a.op == '!=' else a.op} {a.values[0]}"
+        return f"NOT ({s})" if a.negated else s
+    parts = ["(" + " OR ".join(atom(a) for a in p.atoms) + ")" for p in q.predicates]
+    return " AND ".join(parts) or "true"
+
+
+# ------------------------------------------------------------------------------ orchestration
+def measure(mode: str, kind: str, n: int, nq: int, timeout: float) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", dir=CACHE, delete=False) as f:
+        out = Path(f.name)
+    cmd = [sys.executable, __file__, "--one", mode, kind, str(n), str(nq), str(out)]
+    t = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        return {"mode": mode, "trace": kind, "queries": nq, "finished": False,
+                "failure": f"did not finish in {timeout:.0f} s"}
+    if proc.returncode != 0 or not out.stat().st_size:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"mode": mode, "trace": kind, "queries": nq, "finished": False,
+                "failure": " | ".join(tail), "process_s": time.perf_counter() - t}
+    doc = json.loads(out.read_text())
+    out.unlink()
+    return doc
+
+
+def check(doc: dict, queries, want: dict) -> bool:
+    got = doc.pop("answers", None)
+    if got is None or not doc.get("finished"):
+        return False
+    ok = True
+    for q in queries:
+        if canonical(q, got.get(q.name, [])) != want[q.name]:
+            print(f"   MISMATCH {doc['mode']} {q.name}: {len(got.get(q.name, []))} rows vs "
+                  f"{len(want[q.name])}", flush=True)
+            ok = False
+    return ok
+
+
+def fixed_cost(repeat: int) -> dict:
+    """``flowsieve replay`` of the 851-packet sample capture, wall time, JVM start included."""
+    exe = Path(sys.executable).with_name("flowsieve")
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        subprocess.run([str(exe), "replay", str(ROOT / "tests/data/pcap/ok.pcap"), "--queries",
+                        str(ROOT / "collector/data/example.sql"), "--format", "csv"],
+                       check=True, capture_output=True)
+        times.append(time.perf_counter() - t)
+    return {"median_s": statistics.median(times), "runs_s": times}
+
+
+def lfta_tree_vs_per_query(kind: str, n: int, repeat: int) -> dict:
+    """Seed 002's comparison in the engine alone (no Spark): the same 50 queries with the
+    aggregate tree's tables vs one LFTA table per query."""
+    from capture.pcap import open_capture
+    from collector.engine import Engine
+    from collector.spool import Spool
+    from planner.plan import build_plan
+    path, p = trace(kind, n, CACHE)
+    queries = parse_queries(_sql(kind, p))
+    batches = list(open_capture(path, 1 << 16))
+    out = {}
+    for name, tree in (("aggregate_tree", True), ("per_query", False)):
+        plan = build_plan(queries, aggregate_tree=tree)
+        times = []
+        for _ in range(repeat):
+            with tempfile.TemporaryDirectory(dir=CACHE) as d:
+                e = Engine(Spool(d), "packets")
+                e.set_plan(plan)
+                t = time.perf_counter()
+                for b in batches:
+                    e.process(b)
+                e.finish()
+                times.append(time.perf_counter() - t)
+        out[name] = {"median_s": statistics.median(times),
+                     "tables": sum(len(t.maintained()) for t in plan.trees)}
+    out["speedup"] = out["per_query"]["median_s"] / out["aggregate_tree"]["median_s"]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="small traces, one repeat (smoke)")
+    ap.add_argument("--one", nargs=5, metavar=("MODE", "TRACE", "N", "NQ", "OUT"))
+    args = ap.parse_args()
+    if args.one:
+        mode, kind, n, nq, out = args.one
+        run_one(mode, kind, int(n), int(nq), Path(out))
+        return 0
+    sizes = QUICK if args.quick else SIZES
+    repeat = 1 if args.quick else 3
+    CACHE.mkdir(exist_ok=True)
+    results: dict = {"sizes": sizes, "runs": [], "failures": []}
+    for kind, n in sizes.items():
+        path, p = trace(kind, n, CACHE)
+        queries = parse_queries(_sql(kind, p))
+        cols = columns(p)
+        print(f"== {kind}: {len(p['proto']):,} packets, {path.stat().st_size / 2**20:,.0f} MiB",
+              flush=True)
+        for nq in SETS:
+            qs = queries[:nq]
+            want = {q.name: canonical(q, truth(q, p, cols)) for q in qs}
+            modes = [("full", repeat)]
+            if kind == "backbone" or nq == 50:
+                modes += [("per_tuple", 1), ("naive", 1)]
+            for mode, reps in modes:
+                for _ in range(reps):
+                    doc = measure(mode, kind, n, nq, 1800)
+                    doc["correct"] = check(doc, qs, want)
+                    if doc.get("finished"):
+                        doc["pps"] = doc["packets"] / doc["wall_s"]
+                        doc["rows_per_packet"] = doc["rows_into_spark"] / doc["packets"]
+                    results["runs"].append(doc)
+                    if not doc["correct"]:
+                        results["failures"].append({k: doc.get(k) for k in
+                                                    ("mode", "trace", "queries", "failure")})
+                    print(f"   {mode:9} {nq:2} queries: " + (
+                        f"{doc['pps'] / 1e3:8,.0f} kpps, wall {doc['wall_s']:6.1f} s (JVM "
+                        f"{doc['jvm_start_s']:.1f} s), rows/pkt {doc['rows_per_packet']:.4f}, "
+                        f"RSS {doc['peak_rss_total_mib']:,.0f} MiB, "
+                        f"{'correct' if doc['correct'] else 'WRONG'}"
+                        if doc.get("finished") else f"failed: {doc.get('failure')}"), flush=True)
+    results["summary"] = summarize(results["runs"])
+    results["fixed_cost_851"] = fixed_cost(repeat)
+    print(f"== replay of the 851-packet capture: {results['fixed_cost_851']['median_s']:.1f} s",
+          flush=True)
+    results["lfta_tree_vs_per_query"] = lfta_tree_vs_per_query("backbone", sizes["backbone"],
+                                                               repeat)
+    print(f"== LFTA alone, aggregate tree vs one table per query: "
+          f"{results['lfta_tree_vs_per_query']['speedup']:.2f}x", flush=True)
+    if not args.quick:
+        write_result("spark", results)
+    wrong = [r for r in results["runs"] if r.get("finished") and not r["correct"]]
+    return 1 if wrong else 0
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Medians per (trace, queries, mode) of the finished runs."""
+    out: dict = {}
+    for r in runs:
+        if not r.get("finished"):
+            continue
+        key = f"{r['trace']}/{r['queries']}/{r['mode']}"
+        out.setdefault(key, []).append(r)
+    summary = {}
+    for key, rs in out.items():
+        summary[key] = {
+            "pps": statistics.median(r["pps"] for r in rs),
+            "wall_s": statistics.median(r["wall_s"] for r in rs),
+            "jvm_start_s": statistics.median(r["jvm_start_s"] for r in rs),
+            "rows_per_packet": statistics.median(r["rows_per_packet"] for r in rs),
+            "peak_rss_total_mib": max(r["peak_rss_total_mib"] for r in rs),
+            "correct": all(r["correct"] for r in rs), "runs": len(rs)}
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(main())

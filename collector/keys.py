@@ -1,0 +1,160 @@
+"""Group keys of aggregate-tree nodes packed into one binary value (the spool's ``key`` column).
+
+A node's key is its group-by fields and the query-bit pattern of its row. The Spark HFTA groups
+by ``(window_start, node, key)`` only: one binary column instead of every groupable field, so
+its hash and its state stay small whatever the node. The layout, named by the ``node`` label
+``"<field>,<field>…#<pattern words>"`` (fields sorted), is little-endian int64 words:
+
+- each integer field: its value (negative when the tuple has none: NULL);
+- each address: validity, then the two 64-bit halves of the 16-byte (IPv4-mapped) address;
+- a string field (at most one, ``dns_qname``): its validity; its bytes follow everything else;
+- the query-bit pattern (``pattern words`` words; bit ``i`` of word ``w`` is slot ``64·w + i``).
+
+Packing and unpacking are vectorised (numpy over Arrow buffers): no per-row Python on either side.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from capture.fields import IP, STRING, fields
+from capture.netflow import FLOW_IP_FIELDS, FlowBatch
+from capture.unpack import ip_arrow
+
+
+def _ip_valid(tb, name: str) -> np.ndarray:
+    if isinstance(tb, FlowBatch):
+        return tb.ipset[FLOW_IP_FIELDS.index(name)]
+    return tb.ip_valid()
+
+
+def _binary(data: np.ndarray, offsets: np.ndarray) -> pa.Array:
+    """A binary array over bytes ``data`` cut at ``offsets`` (n + 1)."""
+    return pa.Array.from_buffers(pa.binary(), len(offsets) - 1,
+                                 [None, pa.py_buffer(offsets.astype(np.int32).tobytes()),
+                                  pa.py_buffer(np.ascontiguousarray(data).tobytes())])
+
+
+def _buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets as int64, data bytes) of a binary or string array."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    offsets = np.frombuffer(arr.buffers()[1], np.int32, n + 1, arr.offset * 4).astype(np.int64)
+    data = arr.buffers()[2]
+    return offsets, (np.frombuffer(data, np.uint8) if data is not None else
+                     np.zeros(0, np.uint8))
+
+
+def _tails(off: np.ndarray, data: np.ndarray, width: int) -> pa.Array:
+    """The bytes after the first ``width`` of each value, as strings."""
+    lens = np.diff(off) - width
+    new = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=new[1:])
+    at = np.repeat(off[:-1] + width - new[:-1], lens) + np.arange(new[-1])
+    return pa.Array.from_buffers(pa.string(), len(lens),
+                                 [None, pa.py_buffer(new.astype(np.int32).tobytes()),
+                                  pa.py_buffer(data[at].tobytes())])
+
+
+class KeyLayout:
+    """The packing of one node's key (see the module docstring)."""
+
+    def __init__(self, stream: str, keys, q_words: int):
+        cat = fields(stream)
+        self.stream = stream
+        self.keys = tuple(sorted(keys))
+        self.kinds = [cat[k].kind for k in self.keys]
+        strings = [k for k, kind in zip(self.keys, self.kinds, strict=True) if kind == STRING]
+        if len(strings) > 1:
+            raise ValueError(f"a node groups by at most one string field, not {strings}")
+        self.string = strings[0] if strings else None
+        self.q_words = q_words
+        self.field_words = sum(3 if k == IP else 1 for k in self.kinds)
+        self.words = self.field_words + q_words  # fixed words: fields, then the pattern
+        self.label = f"{','.join(self.keys)}#{q_words}"
+
+    @staticmethod
+    @lru_cache(maxsize=1024)
+    def parse(stream: str, label: str) -> KeyLayout:
+        keys, _, words = label.rpartition("#")
+        return KeyLayout(stream, tuple(k for k in keys.split(",") if k), int(words))
+
+    # -- packing (capture side)
+    def field_words_of(self, tb, rows: np.ndarray) -> np.ndarray:
+        """The key fields of a batch's ``rows`` as (rows, field_words) int64."""
+        out = np.empty((len(rows), self.field_words), np.int64)
+        c = 0
+        for name, kind in zip(self.keys, self.kinds, strict=True):
+            if kind == IP:
+                valid = _ip_valid(tb, name)[rows]
+                words = np.ascontiguousarray(tb.column(name)[rows]).view(">i8").reshape(-1, 2)
+                out[:, c] = valid
+                out[:, c + 1] = np.where(valid, words[:, 0], 0)
+                out[:, c + 2] = np.where(valid, words[:, 1], 0)
+                c += 3
+            elif kind == STRING:
+                out[:, c] = tb.arrow(name).take(pa.array(rows)).is_valid().to_numpy(
+                    zero_copy_only=False)
+                c += 1
+            else:
+                out[:, c] = tb.column(name)[rows]
+                c += 1
+        return out
+
+    def strings_of(self, tb, rows: np.ndarray) -> pa.Array | None:
+        """The string key of a batch's ``rows`` (None when the node has none)."""
+        if self.string is None:
+            return None
+        return tb.arrow(self.string).take(pa.array(rows))
+
+    def encode(self, words: np.ndarray, strings: pa.Array | None = None) -> pa.Array:
+        """Binary keys from (rows, words) int64 (fields then pattern) and the string key."""
+        n = len(words)
+        fixed = np.ascontiguousarray(words, dtype="<i8").view(np.uint8).reshape(n, -1)
+        width = fixed.shape[1]
+        if strings is None:
+            return _binary(fixed.reshape(-1), np.arange(0, (n + 1) * width, width))
+        s_off, s_data = _buffers(pc.fill_null(strings, ""))
+        lens = width + np.diff(s_off)
+        off = np.zeros(n + 1, np.int64)
+        np.cumsum(lens, out=off[1:])
+        out = np.empty(int(off[-1]), np.uint8)
+        out[(off[:-1, None] + np.arange(width)).reshape(-1)] = fixed.reshape(-1)
+        row = np.repeat(np.arange(n), np.diff(s_off))
+        at = np.arange(s_off[0], s_off[-1])
+        out[off[row] + width + at - s_off[row]] = s_data[at]
+        return _binary(out, off)
+
+    # -- unpacking (the HFTA's driver)
+    def decode(self, key: pa.Array) -> tuple[dict[str, pa.Array], np.ndarray]:
+        """Key columns (catalogue types, NULL where missing) and the pattern words
+        (rows × q_words, uint64) of binary keys."""
+        off, data = _buffers(key)
+        n = len(off) - 1
+        width = self.words * 8
+        at = np.minimum(off[:-1], max(len(data) - width, 0))
+        fixed = data[at[:, None] + np.arange(width)] if n else np.zeros((0, width), np.uint8)
+        words = np.ascontiguousarray(fixed).view("<i8").reshape(n, self.words)
+        cat = fields(self.stream)
+        cols: dict[str, pa.Array] = {}
+        c = 0
+        for name, kind in zip(self.keys, self.kinds, strict=True):
+            if kind == IP:
+                raw = np.ascontiguousarray(words[:, c + 1:c + 3]).astype(">i8")
+                cols[name] = ip_arrow(raw.view(np.uint8).reshape(n, 16), words[:, c] != 0)
+                c += 3
+            elif kind == STRING:
+                valid = words[:, c] != 0
+                cols[name] = pc.if_else(pa.array(valid), _tails(off, data, width),
+                                        pa.scalar(None, pa.string()))
+                c += 1
+            else:
+                v = words[:, c]
+                cols[name] = pa.array(v, cat[name].arrow_type, mask=v < 0)
+                c += 1
+        return cols, words[:, c:].view(np.uint64)

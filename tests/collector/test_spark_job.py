@@ -1,0 +1,111 @@
+"""The HFTA when things go wrong: an unreadable spool file is set aside and counted, not a
+stopped query; a streaming query that fails is reported (metric, errors) and restarted after a
+back-off, and answers what the spool held meanwhile."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from capture.pcap import open_capture
+from collector.config import Settings, data_file
+from collector.engine import Engine
+from collector.metrics import Metrics
+from collector.results import read_results
+from collector.spark.job import SparkJob
+from collector.spool import Spool, list_files
+from planner.plan import build_plan
+from planner.query import parse_queries
+from tests.collector.test_lfta_pipeline import answers_of, reference, spread
+
+pytestmark = pytest.mark.slow
+
+
+def wait_for(cond, timeout: float, what: str) -> None:
+    """Poll ``cond`` until it holds; the bound only catches a hang."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def spooled(tmp_path, path):
+    """ok.pcap's example queries through one engine into a spool; the plan."""
+    queries = parse_queries(open(data_file("example.sql")).read())
+    plan = build_plan(queries, **Settings(initial_queries=None).plan_options())
+    spool = Spool(tmp_path / "spool")
+    engine = Engine(spool, "packets", watermark_delay_s=1)
+    engine.set_plan(plan)
+    for raw in open_capture(path, batch_size=100):
+        engine.process(raw)
+    engine.finish()
+    return plan, spool
+
+
+def test_unreadable_spool_file_is_set_aside(spark, tmp_path):
+    """A torn file among good ones (a disk that lost its tail): the query does not stop, the
+    file moves to bad/ with its reason, and every answer equals dpkt's."""
+    path, recs = spread(tmp_path, "ok.pcap", 0.5)
+    plan, spool = spooled(tmp_path, path)
+    folder = spool.folder("packets", "60")
+    good = list_files(folder)
+    torn = folder / f"{int(good[0].name[:-6]) + 0:016d}.arrow"
+    data = torn.read_bytes()
+    torn.write_bytes(data[: len(data) // 2])  # the first file loses its tail
+    whole = reference(recs)
+    metrics = Metrics()
+    slots = {qp.slot: qp.query for qp in plan.queries}
+    job = SparkJob(spark, tmp_path / "spool", tmp_path / "results", tmp_path / "ck", slots.get,
+                   1, metrics)
+    job.run_available_now([(s, f) for s in plan.streams() for f in plan.folders(s)])
+    assert spool.quarantined() == 1
+    assert (folder / "bad" / (torn.name + ".reason")).read_text().startswith("ArrowInvalid")
+    got = answers_of([(qp.query, read_results(tmp_path / "results", qp.query))
+                      for qp in plan.queries])
+    # what the torn file held is gone; everything else is answered exactly
+    assert set(got["udp_bw"]) <= set(whole["udp_bw"])
+    assert len(got["udp_bw"]) >= len(whole["udp_bw"]) - 8
+    for k, v in got["udp_bw"].items():
+        assert v[0] <= whole["udp_bw"][k][0]
+
+
+def test_failed_query_is_reported_and_restarted(spark, tmp_path):
+    """The results folder cannot be written (a file sits where it should be): the streaming
+    query fails, the failure is counted once and shown; once the folder can be written, the
+    query restarts after its back-off and answers the whole spool."""
+    path, recs = spread(tmp_path, "ok.pcap", 0.5)
+    plan, _ = spooled(tmp_path, path)
+    results = tmp_path / "results"
+    results.write_text("not a folder")
+    metrics = Metrics()
+    slots = {qp.slot: qp.query for qp in plan.queries}
+    job = SparkJob(spark, tmp_path / "spool", results, tmp_path / "ck", slots.get, 1, metrics,
+                   trigger_s=0.5)
+    try:
+        job.start("packets", "60")
+
+        def failed() -> bool:
+            job.supervise(backoff_s=1.0)
+            return bool(job.errors)
+        wait_for(failed, 180, "the failure to be seen")
+        assert metrics.spark_failures.labels("packets", "60")._value.get() == 1
+        assert job.check() and "packets/60" in job.errors[0]
+        assert metrics.spark_up._value.get() == 0
+        results.unlink()
+        results.mkdir()
+
+        def answered() -> bool:
+            job.supervise(backoff_s=1.0)
+            return bool(answers_of([(qp.query, read_results(results, qp.query))
+                                    for qp in plan.queries])["udp_bw"])
+        wait_for(answered, 180, "the restarted query's answers")
+        wait_for(lambda: answers_of([(qp.query, read_results(results, qp.query))
+                                     for qp in plan.queries]) == reference(recs), 180,
+                 "every window answered")
+        job.supervise(backoff_s=1.0)
+        assert metrics.spark_failures.labels("packets", "60")._value.get() == 1
+        assert metrics.spark_up._value.get() == 1
+    finally:
+        job.stop()
