@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import traceback
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -411,9 +412,10 @@ def cmd_decode(args) -> int:
 def cmd_replay(args) -> int:
     import time
 
+    from collector.config import cache_dir
     from collector.replay import replay
     from collector.results import format_results, rows_of
-    from collector.spark.job import build_session
+    from collector.spark.job import build_session, class_archive_path
     queries = _read_queries(args.queries)
     check_capture(args.capture)
     settings = _with_bits(_settings(args.config), args.bits)
@@ -440,25 +442,44 @@ def cmd_replay(args) -> int:
             progress.update(stage, size, 0, 0)
         else:
             progress.update(stage, None, records, time.monotonic() - t0)
-    try:
+    # the JVM starts while the capture is read (a daemon thread: a command that fails before
+    # Spark's stage does not wait for it)
+    starting: dict = {}
+
+    def start() -> None:
         try:
-            spark = build_session(s.master, s.driver_memory, s.shuffle_partitions,
-                                  s.state_store == "rocksdb", s.extra, "flowsieve-replay",
-                                  jvm_log=jvm_log)
-        except Exception as e:  # the JVM did not start: say why in one line
+            starting["spark"] = build_session(
+                s.master, s.driver_memory, s.shuffle_partitions, s.state_store == "rocksdb",
+                s.extra, "flowsieve-replay", jvm_log=jvm_log,
+                class_archive=class_archive_path(cache_dir()) if s.class_archive else None,
+                quick_start=True)
+        except Exception as e:  # noqa: BLE001 - handed to the main thread
+            starting["error"] = e
+    starter = threading.Thread(target=start, name="spark-start", daemon=True)
+    starter.start()
+
+    def session():
+        starter.join()
+        if "error" in starting:  # the JVM did not start: say why in one line
+            e = starting["error"]
             raise CliError(f"Spark did not start: {spark_reason(e) or e} (its log: "
                            f"{jvm_log})") from e
+        return starting["spark"]
+    try:
         try:
-            res = replay(args.capture, queries, work, spark, settings=settings,
+            res = replay(args.capture, queries, work, session, settings=settings,
                          flow_ports=args.flow_ports, progress=report)
+        except CliError:
+            raise
         except Exception as e:
             reason = spark_reason(e)
             if reason is None:
                 raise
             raise CliError(f"Spark failed: {reason} (its log: {jvm_log})") from e
         finally:
-            with contextlib.suppress(Exception):
-                spark.stop()
+            if "spark" in starting:
+                with contextlib.suppress(Exception):
+                    starting["spark"].stop()
         jvm_log.unlink(missing_ok=True)
         progress.close()
         sys.stdout.write(format_results(

@@ -32,7 +32,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import CACHE, write_result  # noqa: E402
-from bench.spark_queries import backbone_sql, canonical, columns, peer_sql, truth  # noqa: E402
+from bench.spark_queries import (  # noqa: E402
+    backbone_sql,
+    canonical,
+    columns,
+    paper_sql,
+    peer_sql,
+    truth,
+)
 from bench.traces import trace  # noqa: E402
 from planner.query import parse_queries  # noqa: E402
 
@@ -98,9 +105,9 @@ def _sql(kind: str, p: dict) -> str:
 
 def run_one(mode: str, kind: str, n: int, nq: int, out: Path) -> None:
     """One measured run in this (fresh) process; writes its figures and answers to ``out``."""
-    from collector.config import Settings
+    from collector.config import Settings, cache_dir
     from collector.results import rows_of
-    from collector.spark.job import build_session
+    from collector.spark.job import build_session, class_archive_path
 
     path, p = trace(kind, n, CACHE)
     queries = parse_queries(_sql(kind, p))[:nq]
@@ -108,7 +115,8 @@ def run_one(mode: str, kind: str, n: int, nq: int, out: Path) -> None:
     settings = Settings(initial_queries=None)
     t0 = time.perf_counter()
     spark = build_session(settings.spark.master, settings.spark.driver_memory,
-                          settings.spark.shuffle_partitions, True, app_name="bench-spark")
+                          settings.spark.shuffle_partitions, True, app_name="bench-spark",
+                          class_archive=class_archive_path(cache_dir()), quick_start=True)
     jvm_s = time.perf_counter() - t0
     work = Path(tempfile.mkdtemp(prefix=f"bench-spark-{mode}-", dir=CACHE))
     stages: dict[str, float] = {}
@@ -165,6 +173,7 @@ def _naive(spark, path, queries, work: Path, stages: dict, t1: float):
     if parts:
         pq.write_table(pa.concat_tables(parts), raw / "part-last.parquet")
     schema = pq.read_schema(next(raw.glob("*.parquet")))
+    spark_schema = spark.read.parquet(str(next(raw.glob("*.parquet")))).schema
     # a last row beyond every window closes them (the watermark sees it, the filter drops it)
     pq.write_table(pa.table({f: pa.array([last + 7200 if f == "time" else None],
                                          schema.field(f).type) for f in need}),
@@ -173,7 +182,7 @@ def _naive(spark, path, queries, work: Path, stages: dict, t1: float):
     got: dict[str, list] = {q.name: [] for q in queries}
     running = []
     for q in queries:
-        df = (spark.readStream.schema(schema).parquet(str(raw))
+        df = (spark.readStream.schema(spark_schema).parquet(str(raw))
               .withColumn("window_start", F.timestamp_seconds(
                   F.floor(F.col("time") / q.period).cast("long") * q.period))
               .withWatermark("window_start", "1 seconds")
@@ -300,32 +309,63 @@ def fixed_cost(repeat: int) -> dict:
     return {"median_s": statistics.median(times), "runs_s": times}
 
 
-def lfta_tree_vs_per_query(kind: str, n: int, repeat: int) -> dict:
-    """Seed 002's comparison in the engine alone (no Spark): the same 50 queries with the
-    aggregate tree's tables vs one LFTA table per query."""
-    from capture.pcap import open_capture
-    from collector.engine import Engine
+def _samples(path, queries, n: int) -> dict:
+    """The tuple sample ``replay`` plans on (its measuring pass over the first tuples)."""
+    from collector.config import Settings
+    from collector.replay import measure
     from collector.spool import Spool
     from planner.plan import build_plan
+    with tempfile.TemporaryDirectory(dir=CACHE) as d:
+        return measure(path, build_plan(queries), Spool(d), Settings(initial_queries=None))[1]
+
+
+def lfta_tree_vs_per_query(kind: str, n: int, repeat: int) -> dict:
+    """Seed 002's comparison in the LFTA alone (tuples unpacked and prefiltered beforehand):
+    the aggregate tree's tables vs one LFTA table per query, on the paper's kind of workload
+    (overlapping group-bys, no filters; the paper's cost model, no HFTA term) and on the
+    50-query set (flowsieve's model)."""
+    import numpy as np
+
+    from capture.pcap import open_capture
+    from capture.unpack import unpack
+    from collector.config import LftaConfig
+    from collector.lfta import NodeTable
+    from collector.prefilter import compile_prefilter, run_prefilter
+    from planner.plan import build_plan
     path, p = trace(kind, n, CACHE)
-    queries = parse_queries(_sql(kind, p))
-    batches = list(open_capture(path, 1 << 16))
     out = {}
-    for name, tree in (("aggregate_tree", True), ("per_query", False)):
-        plan = build_plan(queries, aggregate_tree=tree)
-        times = []
-        for _ in range(repeat):
-            with tempfile.TemporaryDirectory(dir=CACHE) as d:
-                e = Engine(Spool(d), "packets")
-                e.set_plan(plan)
-                t = time.perf_counter()
-                for b in batches:
-                    e.process(b)
-                e.finish()
-                times.append(time.perf_counter() - t)
-        out[name] = {"median_s": statistics.median(times),
-                     "tables": sum(len(t.maintained()) for t in plan.trees)}
-    out["speedup"] = out["per_query"]["median_s"] / out["aggregate_tree"]["median_s"]
+    for workload, sql, row_cost in (("paper", paper_sql(), 0.0),
+                                    ("backbone50", _sql(kind, p), 200.0)):
+        queries = parse_queries(sql)
+        res = {}
+        samples = _samples(path, queries, n)  # node sizes measured as replay measures them
+        for name, tree in (("aggregate_tree", True), ("per_query", False)):
+            plan = build_plan(queries, aggregate_tree=tree, hfta_row_cost=row_cost,
+                              samples=samples)
+            cp = compile_prefilter(plan, "packets")
+            fields = plan.unpacking("packets").fields
+            batches = []
+            for raw in open_capture(path, 1 << 16):
+                tb = unpack(raw, fields)
+                _, Q = run_prefilter(cp, tb)
+                keep = np.flatnonzero(Q.any(axis=1))
+                batches.append((tb.take(keep), Q[keep]))
+            times, rows = [], 0
+            for _ in range(repeat):
+                tables = [NodeTable("packets", t.period, keys, slots, cp.q_words, LftaConfig())
+                          for t in plan.trees for keys, slots in t.maintained()]
+                t0 = time.perf_counter()
+                rows = 0
+                for tb, Q in batches:
+                    for t in tables:
+                        rows += sum(x.num_rows for x in t.add(tb, Q, 0, 1, "bench"))
+                for t in tables:
+                    rows += len(t.table.flush_all())
+                times.append(time.perf_counter() - t0)
+            res[name] = {"median_s": statistics.median(times), "tables": len(tables),
+                         "rows_out": rows}
+        res["speedup"] = res["per_query"]["median_s"] / res["aggregate_tree"]["median_s"]
+        out[workload] = res
     return out
 
 
@@ -377,8 +417,9 @@ def main() -> int:
           flush=True)
     results["lfta_tree_vs_per_query"] = lfta_tree_vs_per_query("backbone", sizes["backbone"],
                                                                repeat)
-    print(f"== LFTA alone, aggregate tree vs one table per query: "
-          f"{results['lfta_tree_vs_per_query']['speedup']:.2f}x", flush=True)
+    for w, r in results["lfta_tree_vs_per_query"].items():
+        print(f"== LFTA alone ({w}), aggregate tree ({r['aggregate_tree']['tables']} tables) vs "
+              f"one table per query ({r['per_query']['tables']}): {r['speedup']:.2f}x", flush=True)
     if not args.quick:
         write_result("spark", results)
     wrong = [r for r in results["runs"] if r.get("finished") and not r["correct"]]

@@ -60,8 +60,8 @@ def backbone_sql(p: dict) -> str:
         f"protocol = 6 AND tcp_flags = 2 AND in_prefix(dst_ip, '{nets[0]}') "
         "GROUP BY time/60, dst_ip ORDER BY syns DESC LIMIT 10")
     add("udp_big", "SELECT time/60 AS t, dst_port, count(*) AS n, avg(wirelen) AS mean "
-        "FROM packets WHERE protocol = 17 AND wirelen > 1000 GROUP BY time/60, dst_port "
-        "HAVING n > 50")
+        "FROM packets WHERE protocol = 17 AND wirelen > 1000 AND dst_port < 1024 "
+        "GROUP BY time/60, dst_port HAVING n > 5")
     add("host0_ports", "SELECT time/60 AS t, protocol, dst_port, count(*) AS pkts FROM packets "
         f"WHERE src_ip = '{hosts[0]}' AND dst_port < 10000 GROUP BY time/60, protocol, "
         "dst_port")
@@ -92,6 +92,16 @@ def backbone_sql(p: dict) -> str:
             "GROUP BY time/60, ip_version")
     assert len(q) == 50, len(q)
     return "\n".join(q) + "\n"
+
+
+def paper_sql() -> str:
+    """Seed 002's setting: aggregations of one stream on overlapping sets of attributes, no
+    filters (every query sees every tuple)."""
+    keys = [("src_ip", "dst_ip"), ("src_ip", "dst_port"), ("dst_ip", "dst_port"),
+            ("src_ip",), ("dst_ip",), ("dst_port", "protocol")]
+    return "\n".join(
+        f"-- name: agg{i}\nSELECT time/60 AS t, {', '.join(k)}, count(*) AS n, sum(wirelen) AS "
+        f"bytes FROM packets GROUP BY time/60, {', '.join(k)};" for i, k in enumerate(keys)) + "\n"
 
 
 def peer_sql(path: Path = PEER_QUERIES) -> str:

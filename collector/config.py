@@ -45,6 +45,13 @@ class ApiConfig(BaseModel):
     port: int = Field(8080, ge=0, le=65535)
 
 
+def cache_dir() -> Path:
+    """flowsieve's per-user cache (``$XDG_CACHE_HOME/flowsieve``)."""
+    import os
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "flowsieve"
+
+
 class SparkConfig(BaseModel):
     master: str = "local[*]"
     driver_memory: str = "2g"
@@ -53,6 +60,9 @@ class SparkConfig(BaseModel):
     watermark_delay_s: int = Field(1, ge=1, description="a window closes once partials this "
                                    "many seconds past its start arrive")
     trigger_s: float = Field(2.0, gt=0)
+    class_archive: bool = Field(True, description="keep a class-data archive of the JVM "
+                                "(var_dir, or the user's cache for replay): Spark starts "
+                                "sooner")
     restart_backoff_s: float = Field(30.0, gt=0, description="a failed streaming query "
                                      "restarts after this long, doubled while it keeps failing "
                                      "(at most 10 minutes)")
@@ -69,6 +79,9 @@ class SparkConfig(BaseModel):
 class SpoolConfig(BaseModel):
     max_bytes: int = Field(8 << 30, gt=0)
     policy: Literal["block", "drop"] = "block"
+    format: Literal["parquet", "arrow"] = Field("parquet", description="parquet: read by "
+                                                "Spark's file source; arrow: Arrow IPC read by "
+                                                "flowsieve's Python data source")
 
     @field_validator("max_bytes", mode="before")
     @classmethod

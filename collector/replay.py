@@ -39,6 +39,14 @@ def measured_plan(capture, queries: list[Query], plan: Plan, spool: Spool, setti
     """The plan rebuilt on what the first ``planner.measure_tuples`` tuples of each stream
     show: predicate selectivities (the bit budget) and a tuple sample (aggregate-tree node
     sizes). Input errors are left to the real pass, which reports them."""
+    selectivity, samples = measure(capture, plan, spool, settings, flow_ports)
+    return build_plan(queries, selectivity=selectivity, samples=samples,
+                      **settings.plan_options())
+
+
+def measure(capture, plan: Plan, spool: Spool, settings: Settings,
+            flow_ports: Iterable[int] = DEFAULT_FLOW_PORTS) -> tuple[dict, dict]:
+    """Predicate selectivities and tuple samples per stream of a capture's first tuples."""
     limit = settings.planner.measure_tuples
     meter = SelectivityMeter()
     # a capture smaller than the limit is sampled as densely as its size allows (a packet or
@@ -58,8 +66,7 @@ def measured_plan(capture, queries: list[Query], plan: Plan, spool: Spool, setti
                     break
         except DecodeError:
             pass
-    return build_plan(queries, selectivity=meter.selectivities(), samples=sampler.samples(),
-                      **settings.plan_options())
+    return meter.selectivities(), sampler.samples()
 
 
 def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.PathLike,
@@ -73,7 +80,8 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     watermark come from ``settings`` (the daemon's configuration; default: the embedded one).
     A decode error stops the input: what came before it is answered, and the error is
     returned. ``progress(stage, records)`` is told how far the input is (records read; None
-    once Spark's stage begins)."""
+    once Spark's stage begins). ``spark`` is a session, or a callable that returns one when
+    Spark's stage begins (a JVM starting meanwhile)."""
     from collector.spark.job import SparkJob
 
     work = Path(workdir)
@@ -82,7 +90,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     watermark_delay_s = settings.spark.watermark_delay_s
     report = progress or (lambda stage, n: None)
     metrics = metrics or Metrics()
-    spool = Spool(work / "spool")
+    spool = Spool(work / "spool", format=settings.spool.format)
     plan = build_plan(queries, **settings.plan_options())
     if settings.planner.measure_tuples:
         report("measuring", 0)
@@ -110,9 +118,11 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
             metrics.decode_errors.labels("replay", e.kind or "input").inc()
         engine.finish()
     slots = {qp.slot: qp.query for qp in plan.queries}
-    job = SparkJob(spark, work / "spool", work / "results", work / "checkpoints", slots.get,
-                   watermark_delay_s, metrics)
     report("Spark: merging partial aggregates", None)
+    if callable(spark):
+        spark = spark()
+    job = SparkJob(spark, work / "spool", work / "results", work / "checkpoints", slots.get,
+                   watermark_delay_s, metrics, spool_format=settings.spool.format)
     job.run_available_now([(s, f) for s in plan.streams() for f in plan.folders(s)])
     answers = [(qp.query, read_results(work / "results", qp.query)) for qp in plan.queries]
     return ReplayResult(plan, answers, error, engine)

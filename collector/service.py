@@ -59,7 +59,8 @@ class Collector:
         for d in (s.var_dir, s.spool_dir, s.results_dir, s.checkpoint_dir):
             Path(d).mkdir(parents=True, exist_ok=True)
         self.registry = Registry(s.registry_path)
-        self.spool = Spool(s.spool_dir, s.spool.max_bytes, s.spool.policy)
+        self.spool = Spool(s.spool_dir, s.spool.max_bytes, s.spool.policy,
+                           format=s.spool.format)
         if not self.registry.entries() and s.initial_queries:
             for q in parse_queries(Path(s.initial_queries).read_text()):
                 self.registry.add(q.name, q.text)
@@ -71,13 +72,14 @@ class Collector:
                         for c in s.sources]
         self.rebuild()
         if with_spark:
-            from collector.spark.job import SparkJob, build_session
+            from collector.spark.job import SparkJob, build_session, class_archive_path
             self.spark = self._spark or build_session(
                 s.spark.master, s.spark.driver_memory, s.spark.shuffle_partitions,
-                s.spark.state_store == "rocksdb", s.spark.extra)
+                s.spark.state_store == "rocksdb", s.spark.extra,
+                class_archive=class_archive_path(s.var_dir) if s.spark.class_archive else None)
             self.job = SparkJob(self.spark, s.spool_dir, s.results_dir, s.checkpoint_dir,
                                 self._slot_queries.get, s.spark.watermark_delay_s,
-                                self.metrics, s.spark.trigger_s)
+                                self.metrics, s.spark.trigger_s, s.spool.format)
             self.job.ensure(self.folders())
         if with_sources:
             for src, eng in zip(self.sources, self.engines, strict=True):

@@ -1,4 +1,6 @@
-"""The spool: Arrow IPC files, one folder per stream and period, written with an atomic rename.
+"""The spool: Parquet (default) or Arrow IPC files, one folder per stream and period, written
+with an atomic rename. Parquet is read by Spark's own file source, Arrow IPC by flowsieve's Python
+data source (collector/spark/source.py); bench/README.md says why Parquet is the default.
 
 It is the contract between capture daemons and Spark. The schema is fixed per (stream, period),
 so registering a query never restarts Spark (DESIGN, "Spool batch").
@@ -14,10 +16,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from capture.fields import fields, measures
 
-SUFFIX = ".arrow"
+SUFFIXES = {"parquet": ".parquet", "arrow": ".arrow"}
 TS_US = pa.timestamp("us", tz="UTC")
 
 
@@ -58,7 +61,12 @@ def spark_ddl(schema: pa.Schema) -> str:
 
 
 def file_seq(path: Path) -> int:
-    return int(path.name[:-len(SUFFIX)])
+    return int(path.name.split(".", 1)[0])
+
+
+def _is_spool_file(name: str) -> bool:
+    stem, _, ext = name.partition(".")
+    return stem.isdigit() and f".{ext}" in SUFFIXES.values()
 
 
 def list_files(folder: Path) -> list[Path]:
@@ -67,8 +75,7 @@ def list_files(folder: Path) -> list[Path]:
         names = os.listdir(folder)
     except FileNotFoundError:
         return []
-    files = [folder / n for n in names if n.endswith(SUFFIX) and n[:-len(SUFFIX)].isdigit()]
-    return sorted(files, key=file_seq)
+    return sorted((folder / n for n in names if _is_spool_file(n)), key=file_seq)
 
 
 class SpoolFull(RuntimeError):
@@ -80,9 +87,12 @@ class Spool:
     repeat (a high-water mark survives restarts and Spark's deletion of committed files)."""
 
     def __init__(self, root: str | os.PathLike, max_bytes: int = 8 << 30, policy: str = "block",
-                 block_timeout_s: float = 600.0):
+                 block_timeout_s: float = 600.0, format: str = "parquet"):  # noqa: A002
         if policy not in ("block", "drop"):
             raise ValueError("spool policy is 'block' or 'drop'")
+        if format not in SUFFIXES:
+            raise ValueError(f"spool format is one of {', '.join(SUFFIXES)}")
+        self.format = format
         self.root = Path(root)
         self.max_bytes = max_bytes
         self.policy = policy
@@ -112,7 +122,7 @@ class Spool:
         total = 0
         for dirpath, _, names in os.walk(self.root):
             for n in names:
-                if n.endswith(SUFFIX):
+                if _is_spool_file(n):
                     try:
                         total += os.path.getsize(os.path.join(dirpath, n))
                     except FileNotFoundError:
@@ -121,7 +131,7 @@ class Spool:
 
     def quarantined(self) -> int:
         """Spool files Spark's reader could not read, moved to ``<folder>/bad/``."""
-        return sum(1 for p in self.root.glob(f"*/*/bad/*{SUFFIX}"))
+        return sum(1 for p in self.root.glob("*/*/bad/*") if _is_spool_file(p.name))
 
     def _room(self) -> bool:
         if self.size() < self.max_bytes:
@@ -143,13 +153,16 @@ class Spool:
         path_dir = self.folder(stream, folder)
         with self._lock:
             seq = self._next_seq(path_dir)
-        final = path_dir / f"{seq:016d}{SUFFIX}"
-        tmp = path_dir / f".{seq:016d}.tmp"
+        final = path_dir / f"{seq:016d}{SUFFIXES[self.format]}"
+        tmp = path_dir / f".{seq:016d}.tmp"  # hidden: no reader lists it
         schema = schema_for(stream, folder)
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
         table = table.select(schema.names).cast(schema)
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-            writer.write_table(table, max_chunksize=65536)
+        if self.format == "parquet":
+            pq.write_table(table, tmp, row_group_size=1 << 20, compression="lz4")
+        else:
+            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+                writer.write_table(table, max_chunksize=65536)
         os.replace(tmp, final)
         return final
 

@@ -367,7 +367,7 @@ def aggregate_trees(qplans: list[QueryPlan], infos: list[PredicateInfo],
 
         terminals = {qp.slot: AggNode(frozenset(qp.query.keys), frozenset({qp.slot}))
                      for qp in qps}
-        if len(terminals) > MAX_TREE_TERMINALS:
+        if search and len(terminals) > MAX_TREE_TERMINALS:
             by_keys: dict[frozenset, set[int]] = {}
             for slot, v in terminals.items():
                 by_keys.setdefault(v.keys, set()).add(slot)
