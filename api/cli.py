@@ -411,6 +411,7 @@ def cmd_decode(args) -> int:
 
 def cmd_replay(args) -> int:
     import time
+    from concurrent.futures import Future
 
     from collector.config import cache_dir
     from collector.replay import replay
@@ -444,30 +445,22 @@ def cmd_replay(args) -> int:
             progress.update(stage, None, records, time.monotonic() - t0)
     # the JVM starts while the capture is read (a daemon thread: a command that fails before
     # Spark's stage does not wait for it)
-    starting: dict = {}
+    starting: Future = Future()
 
     def start() -> None:
         try:
-            starting["spark"] = build_session(
+            starting.set_result(build_session(
                 s.master, s.driver_memory, s.shuffle_partitions, s.state_store == "rocksdb",
                 s.extra, "flowsieve-replay", jvm_log=jvm_log,
                 class_archive=class_archive_path(cache_dir()) if s.class_archive else None,
-                quick_start=True)
-        except Exception as e:  # noqa: BLE001 - handed to the main thread
-            starting["error"] = e
-    starter = threading.Thread(target=start, name="spark-start", daemon=True)
-    starter.start()
-
-    def session():
-        starter.join()
-        if "error" in starting:  # the JVM did not start: say why in one line
-            e = starting["error"]
-            raise CliError(f"Spark did not start: {spark_reason(e) or e} (its log: "
-                           f"{jvm_log})") from e
-        return starting["spark"]
+                quick_start=True))
+        except Exception as e:  # noqa: BLE001 - the JVM did not start: say why in one line
+            starting.set_exception(CliError(f"Spark did not start: {spark_reason(e) or e} "
+                                            f"(its log: {jvm_log})"))
+    threading.Thread(target=start, name="spark-start", daemon=True).start()
     try:
         try:
-            res = replay(args.capture, queries, work, session, settings=settings,
+            res = replay(args.capture, queries, work, starting, settings=settings,
                          flow_ports=args.flow_ports, progress=report)
         except CliError:
             raise
@@ -477,9 +470,9 @@ def cmd_replay(args) -> int:
                 raise
             raise CliError(f"Spark failed: {reason} (its log: {jvm_log})") from e
         finally:
-            if "spark" in starting:
+            if starting.done() and starting.exception() is None:
                 with contextlib.suppress(Exception):
-                    starting["spark"].stop()
+                    starting.result().stop()
         jvm_log.unlink(missing_ok=True)
         progress.close()
         sys.stdout.write(format_results(

@@ -3,6 +3,8 @@ peers' uniform trace, with 1, 10 and 50 queries, in three modes:
 
 - ``full``: prefilter + LFTA + aggregate trees + the lean HFTA (``flowsieve replay``'s path);
 - ``per_tuple``: the same with the LFTA off: one spool row per tuple and node (the old path);
+- ``full_arrow``: ``full`` with the Arrow IPC spool read by flowsieve's Python data source as
+  a stream (the spool format the Parquet default was measured against);
 - ``naive``: what a PySpark user would write: the tuples (flowsieve's decoder, every field the
   queries read, no prefilter) as Parquet, and one Spark streaming query per registered query.
 
@@ -111,11 +113,14 @@ def run_one(mode: str, kind: str, n: int, nq: int, out: Path) -> None:
 
     path, p = trace(kind, n, CACHE)
     queries = parse_queries(_sql(kind, p))[:nq]
+    packets = len(p["proto"])
+    del p  # the generator's arrays are the orchestrator's truth, not part of this run
     rss = TreeRss()
     settings = Settings(initial_queries=None)
     t0 = time.perf_counter()
     spark = build_session(settings.spark.master, settings.spark.driver_memory,
-                          settings.spark.shuffle_partitions, True, app_name="bench-spark",
+                          settings.spark.shuffle_partitions,
+                          settings.spark.state_store == "rocksdb", app_name="bench-spark",
                           class_archive=class_archive_path(cache_dir()), quick_start=True)
     jvm_s = time.perf_counter() - t0
     work = Path(tempfile.mkdtemp(prefix=f"bench-spark-{mode}-", dir=CACHE))
@@ -126,7 +131,8 @@ def run_one(mode: str, kind: str, n: int, nq: int, out: Path) -> None:
     else:
         from collector.metrics import Metrics
         from collector.replay import replay
-        settings = Settings(initial_queries=None, lfta={"enabled": mode == "full"})
+        settings = Settings(initial_queries=None, lfta={"enabled": mode != "per_tuple"},
+                            spool={"format": "arrow" if mode == "full_arrow" else "parquet"})
         metrics = Metrics()
 
         def progress(stage: str, records) -> None:
@@ -134,12 +140,13 @@ def run_one(mode: str, kind: str, n: int, nq: int, out: Path) -> None:
         res = replay(path, queries, work, spark, settings=settings, metrics=metrics,
                      progress=progress)
         answers = {q.name: rows_of(q, t) for q, t in res.answers}
+        stages.update({f"spark_{k}": v for k, v in res.timings.items()})
         rows_in = sum(s.value for m in metrics.spool_rows.collect() for s in m.samples
                       if s.name.endswith("_total"))
         done = True
     wall = time.perf_counter() - t1
     spark.stop()
-    doc = {"mode": mode, "trace": kind, "packets": len(p["proto"]), "queries": nq,
+    doc = {"mode": mode, "trace": kind, "packets": packets, "queries": nq,
            "jvm_start_s": jvm_s, "wall_s": wall, "stages_s": stages, "rows_into_spark": rows_in,
            "finished": done, **rss.stop(), "answers": answers}
     out.write_text(json.dumps(doc))
@@ -394,6 +401,8 @@ def main() -> int:
             modes = [("full", repeat)]
             if kind == "backbone" or nq == 50:
                 modes += [("per_tuple", 1), ("naive", 1)]
+            if kind == "backbone" and nq == 50:
+                modes += [("full_arrow", repeat)]  # the spool's other format and reader
             for mode, reps in modes:
                 for _ in range(reps):
                     doc = measure(mode, kind, n, nq, 1800)
@@ -412,6 +421,19 @@ def main() -> int:
                         f"{'correct' if doc['correct'] else 'WRONG'}"
                         if doc.get("finished") else f"failed: {doc.get('failure')}"), flush=True)
     results["summary"] = summarize(results["runs"])
+    # the memory bound: default settings, 10M packets, 50 queries
+    if not args.quick:
+        n10 = 10_000_000
+        path, p = trace("backbone", n10, CACHE)
+        qs = parse_queries(_sql("backbone", p))
+        want = {q.name: canonical(q, truth(q, p, columns(p))) for q in qs}
+        del p
+        doc = measure("full", "backbone", n10, 50, 1800)
+        doc["correct"] = check(doc, qs, want)
+        results["memory_10m"] = doc
+        print(f"== 10M packets, 50 queries: peak RSS {doc.get('peak_rss_total_mib', 0):,.0f} MiB"
+              f" (Python {doc.get('peak_rss_python_mib', 0):,.0f}), "
+              f"{'correct' if doc['correct'] else 'WRONG'}", flush=True)
     results["fixed_cost_851"] = fixed_cost(repeat)
     print(f"== replay of the 851-packet capture: {results['fixed_cost_851']['median_s']:.1f} s",
           flush=True)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,8 +26,9 @@ from planner.query import Query
 
 class ReplayResult:
     def __init__(self, plan: Plan, answers: list[tuple[Query, pa.Table]],
-                 error: DecodeError | None, engine: Engine):
+                 error: DecodeError | None, engine: Engine, timings: dict | None = None):
         self.plan, self.answers, self.error, self.engine = plan, answers, error, engine
+        self.timings = timings or {}  # Spark's merge and the driver's answers, seconds
 
 
 def _inputs(capture, stream: str, batch_size: int, flow_ports, decoder: Decoder):
@@ -69,6 +72,21 @@ def measure(capture, plan: Plan, spool: Spool, settings: Settings,
     return meter.selectivities(), sampler.samples()
 
 
+def _warm_up(spark, streams: list[str]) -> threading.Thread:
+    """Spark's first job warms up (class loading, code generation) on the second core while
+    the engine reads the capture; a failure here is left to the real job to report."""
+    from collector.spark.job import warm_up
+
+    def run() -> None:
+        try:
+            warm_up(spark.result() if isinstance(spark, Future) else spark, streams)
+        except Exception:  # noqa: BLE001, S110 - the real job reports Spark's failures
+            pass
+    t = threading.Thread(target=run, name="spark-warm-up", daemon=True)
+    t.start()
+    return t
+
+
 def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.PathLike,
            spark, *, settings: Settings | None = None, metrics: Metrics | None = None,
            flow_ports: Iterable[int] = DEFAULT_FLOW_PORTS, decoder: Decoder | None = None,
@@ -80,8 +98,9 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     watermark come from ``settings`` (the daemon's configuration; default: the embedded one).
     A decode error stops the input: what came before it is answered, and the error is
     returned. ``progress(stage, records)`` is told how far the input is (records read; None
-    once Spark's stage begins). ``spark`` is a session, or a callable that returns one when
-    Spark's stage begins (a JVM starting meanwhile)."""
+    once Spark's stage begins). ``spark`` is a session, or a Future of one (a JVM starting
+    while the capture is read). The input being finite, Spark merges the spool in one batch
+    job per folder (the streaming queries' merge, without waiting for a watermark)."""
     from collector.spark.job import SparkJob
 
     work = Path(workdir)
@@ -97,6 +116,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
         plan = measured_plan(capture, queries, plan, spool, settings, flow_ports)
     error = None
     engine = None
+    warming = _warm_up(spark, plan.streams()) if settings.spool.format == "parquet" else None
     for stream in ("packets", "flows"):
         if not any(q.stream == stream for q in queries):
             continue
@@ -117,12 +137,18 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
             error = e
             metrics.decode_errors.labels("replay", e.kind or "input").inc()
         engine.finish()
-    slots = {qp.slot: qp.query for qp in plan.queries}
     report("Spark: merging partial aggregates", None)
-    if callable(spark):
-        spark = spark()
-    job = SparkJob(spark, work / "spool", work / "results", work / "checkpoints", slots.get,
-                   watermark_delay_s, metrics, spool_format=settings.spool.format)
-    job.run_available_now([(s, f) for s in plan.streams() for f in plan.folders(s)])
+    if isinstance(spark, Future):
+        spark = spark.result()
+    if warming is not None:
+        warming.join()
+    job = SparkJob(spark, work / "spool", work / "results", work / "checkpoints",
+                   {qp.slot: qp.query for qp in plan.queries}.get, watermark_delay_s, metrics,
+                   spool_format=settings.spool.format)
+    folders = [(s, f) for s in plan.streams() for f in plan.folders(s)]
+    if settings.spool.format == "parquet":
+        job.run_batch(folders)
+    else:  # the Python data source reads Arrow IPC as a stream
+        job.run_available_now(folders)
     answers = [(qp.query, read_results(work / "results", qp.query)) for qp in plan.queries]
-    return ReplayResult(plan, answers, error, engine)
+    return ReplayResult(plan, answers, error, engine, job.timings)

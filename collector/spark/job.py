@@ -126,7 +126,7 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
     return spark
 
 
-def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int) -> DataFrame:
+def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None) -> DataFrame:
     """Merge the partials of each (window, node, key), from any number of capture daemons,
     under the watermark. The key is one binary value (collector/keys.py): the group never
     spans the catalogue's columns and no row is exploded per query."""
@@ -135,9 +135,26 @@ def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int) -> DataFr
         aggs += [F.sum(f"sum_{m.name}").alias(f"sum_{m.name}"),
                  F.min(f"min_{m.name}").alias(f"min_{m.name}"),
                  F.max(f"max_{m.name}").alias(f"max_{m.name}")]
-    return (df.withWatermark("window_start", f"{watermark_delay_s} seconds")
-            .groupBy("window_start", "node", "key")
-            .agg(*aggs))
+    if watermark_delay_s is not None:  # streaming; a batch job (replay) has none
+        df = df.withWatermark("window_start", f"{watermark_delay_s} seconds")
+    return df.groupBy("window_start", "node", "key").agg(*aggs)
+
+
+def warm_up(spark: SparkSession, streams: list[str]) -> None:
+    """Run the batch merge once on a one-row spool file, so that the JVM has loaded, compiled
+    and code-generated what the real job needs (``replay`` does this while it reads)."""
+    import tempfile
+
+    import pyarrow.parquet as pq
+
+    from collector.spool import null_columns
+    with tempfile.TemporaryDirectory(prefix="flowsieve-warm-") as d:
+        for stream in streams:
+            schema = schema_for(stream, "0")
+            pq.write_table(pa.Table.from_arrays(null_columns(schema, 1, {}), schema=schema),
+                           f"{d}/{stream}.parquet")
+            df = spark.read.schema(spark_ddl(schema)).parquet(f"{d}/{stream}.parquet")
+            merge_partials(df, stream, None).toArrow()
 
 
 Resolver = Callable[[int], Query | None]
@@ -169,6 +186,7 @@ class SparkJob:
         self._lock = threading.Lock()
         self.errors: list[str] = []  # the latest failures, newest last
         self._failed: dict[tuple[str, str], tuple[float, int]] = {}  # -> (retry at, attempts)
+        self.timings: dict[str, float] = {}  # batch jobs: Spark's merge, the driver's answers
 
     def _sink(self, stream: str, folder: str):
         def write_batch(batch_df: DataFrame, batch_id: int) -> None:
@@ -245,6 +263,28 @@ class SparkJob:
             sq.awaitTermination()
             if sq.exception() is not None:
                 raise RuntimeError(f"Spark query {sq.name} failed: {sq.exception()}")
+
+    def run_batch(self, folders: list[tuple[str, str]]) -> None:
+        """Answer a finite spool (``replay``) with one batch job per folder: the same merge as
+        the streaming queries', without a watermark to wait for or state to keep (a bounded
+        input is Spark's batch case). The spool's files are left in place."""
+        for stream, folder in folders:
+            path = self.spool_root / stream / folder
+            if not any(path.glob("*.parquet")):
+                continue
+            df = (self.spark.read.schema(spark_ddl(schema_for(stream, folder)))
+                  .parquet(str(path)))
+            if folder != "select":
+                df = merge_partials(df, stream, None)
+            t0 = time.perf_counter()
+            table = df.toArrow()
+            t1 = time.perf_counter()
+            if table.num_rows:
+                self.write_answers(stream, folder, table, 0)
+            self.timings["merge_s"] = self.timings.get("merge_s", 0.0) + t1 - t0
+            self.timings["answers_s"] = self.timings.get("answers_s", 0.0) + \
+                time.perf_counter() - t1
+            self.metrics.spark_batches.labels(stream, folder).inc()
 
     def check(self) -> list[str]:
         """Errors of queries that stopped and are not running again."""
