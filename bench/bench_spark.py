@@ -181,19 +181,23 @@ def _naive(spark, path, queries, work: Path, stages: dict, t1: float):
         pq.write_table(pa.concat_tables(parts), raw / "part-last.parquet")
     schema = pq.read_schema(next(raw.glob("*.parquet")))
     spark_schema = spark.read.parquet(str(next(raw.glob("*.parquet")))).schema
-    # a last row beyond every window closes them (the watermark sees it, the filter drops it)
+    # a last row beyond every window closes them: its own stream, joined to each query's
+    # matching tuples after the filter (Spark pushes a filter below the watermark, which would
+    # never see a punctuation row the filter drops)
+    punct = work / "punctuation"
+    punct.mkdir()
     pq.write_table(pa.table({f: pa.array([last + 7200 if f == "time" else None],
                                          schema.field(f).type) for f in need}),
-                   raw / "zz-punctuation.parquet")
+                   punct / "punctuation.parquet")
     stages["spark"] = time.perf_counter() - t1
     got: dict[str, list] = {q.name: [] for q in queries}
     running = []
     for q in queries:
-        df = (spark.readStream.schema(spark_schema).parquet(str(raw))
+        df = (spark.readStream.schema(spark_schema).parquet(str(raw)).where(spark_where(q))
+              .unionByName(spark.readStream.schema(spark_schema).parquet(str(punct)))
               .withColumn("window_start", F.timestamp_seconds(
                   F.floor(F.col("time") / q.period).cast("long") * q.period))
-              .withWatermark("window_start", "1 seconds")
-              .where(spark_where(q)))
+              .withWatermark("window_start", "1 seconds"))
         aggs = [F.count(F.lit(1)).alias("cnt")]
         for m in q.measures:
             aggs += [F.sum(m).alias(f"sum_{m}"), F.min(m).alias(f"min_{m}"),

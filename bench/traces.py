@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 T0 = 1_700_000_040  # a minute boundary
+VERSION = 2  # of the generators: cached traces of another version are made again
 ETH_SRC_DST = bytes.fromhex("001b213a4f10000c299d5e01")
 DNS_NAMES = ["example.com", "www.google.com", "api.github.com", "cdn.jsdelivr.net",
              "mail.example.org", "ntp.ubuntu.com", "update.microsoft.com",
@@ -151,6 +152,11 @@ def _v4(ints: np.ndarray) -> np.ndarray:
 
 def _packets_of_flows(rng, flows: dict, n_target: int, span_s: int) -> dict:
     """Expand flows (one row each) into packets spread over each flow's life, both ways."""
+    # random ports never hit DNS's (53, mDNS 5353): flowsieve, like tshark, decodes those as
+    # DNS, and only the DNS flows carry DNS payloads
+    for k in ("sport", "dport"):
+        flows[k] = np.where(np.isin(flows[k], (53, 5353)) & (flows["qname"] < 0), flows[k] + 1,
+                            flows[k])
     keep = np.searchsorted(np.cumsum(flows["size"]), n_target * 1.02) + 1
     flows = {k: v[:keep] for k, v in flows.items()}  # enough flows for n_target packets
     size = flows["size"]
@@ -245,8 +251,8 @@ def uniform(n: int = 3_000_000, seed: int = 20261124, span_s: int = 300) -> dict
 def trace(kind: str, n: int, cache: Path) -> tuple[Path, dict]:
     """The pcap of a trace (generated once into ``cache``) and its generator's arrays."""
     cache.mkdir(parents=True, exist_ok=True)
-    path = cache / f"{kind}-{n}.pcap"
-    arrays = cache / f"{kind}-{n}.npz"
+    path = cache / f"{kind}-{n}-{VERSION}.pcap"
+    arrays = cache / f"{kind}-{n}-{VERSION}.npz"
     if path.exists() and arrays.exists():
         with np.load(arrays) as z:
             return path, {k: z[k] for k in z.files}

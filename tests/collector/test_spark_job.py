@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from pyspark.sql import functions as F
 
 from capture.pcap import open_capture
 from collector.config import Settings, data_file
@@ -112,3 +113,28 @@ def test_failed_query_is_reported_and_restarted(spark, tmp_path):
         assert metrics.spark_up._value.get() == 1
     finally:
         job.stop()
+
+
+def test_spark_merges_the_sketches_python_writes(spark):
+    """Room for distinct counts: partial rows may carry Apache DataSketches HLL sketches made
+    by the Python library; Spark's hll_union_agg merges them per group like any partial, and
+    the Python library reads the union back. The estimates equal a union made in Python."""
+    import datasketches
+
+    rows, unions = [], {}
+    for group, ranges in (("a", [(0, 3000), (2000, 6000)]), ("b", [(0, 10), (5, 40)])):
+        u = datasketches.hll_union(12)
+        for lo, hi in ranges:
+            sk = datasketches.hll_sketch(12)
+            for x in range(lo, hi):
+                sk.update(x)
+            u.update(sk)
+            rows.append((group, bytearray(sk.serialize_compact())))
+        unions[group] = u.get_result()
+    df = spark.createDataFrame(rows, "g string, sketch binary")
+    merged = {r["g"]: bytes(r["u"]) for r in df.groupBy("g").agg(
+        F.expr("hll_union_agg(sketch, true)").alias("u")).collect()}
+    for g, u in unions.items():
+        back = datasketches.hll_sketch.deserialize(merged[g])
+        assert back.get_estimate() == pytest.approx(u.get_estimate(), rel=1e-9)
+    assert unions["b"].get_estimate() == pytest.approx(40, abs=0.5)
