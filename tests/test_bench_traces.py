@@ -1,6 +1,6 @@
-"""The benchmark traces' pcaps say what their generator's arrays say (dpkt decodes them, scapy reads the
-wire lengths): the
-Spark benchmark's truth is computed from the arrays, so they must describe the file exactly."""
+"""The benchmark traces' pcaps say what their generator's arrays say (dpkt decodes them, scapy
+reads the wire lengths): the Spark benchmark's truth is computed from the arrays, so they must
+describe the file exactly."""
 
 from __future__ import annotations
 
