@@ -248,8 +248,17 @@ GROUP BY time/60;
         return ([sorted(preds[i] for i in b["predicates"]) for b in doc["bits"]],
                 [(q["name"], q["signature"], q["ascs"], sorted(preds[i] for i in q["residual"]))
                  for q in doc["queries"]],
-                [a["attribute"] for a in doc["ascs"]])
+                [a["attribute"] for a in doc["ascs"]],
+                [(t["folder"], sorted(t["queries"].items())) for t in doc["aggregate_trees"]])
     assert shape(cli) == shape(daemon)
+    # the aggregate tree of the 60 s folder: every query derived from one maintained node, never
+    # dearer than one aggregation per query
+    tree = cli["aggregate_trees"][0]
+    assert tree["folder"] == "60" and set(tree["queries"]) == {"udp_bw", "dns_req", "dns_resp",
+                                                              "web"}
+    assert tree["cost"] <= tree["naive_cost"]
+    maintained = {n["node"] for n in tree["nodes"] if n["maintained"]}
+    assert all(path[0] in maintained for path in tree["queries"].values())
     assert len(cli["bits"]) == 2 and cli["ascs"]  # the budget and the ASC rule applied
     # --bits overrides the config's budget
     more = json.loads(run("plan", "--queries", str(queries), "--config", str(cfg), "--bits",
