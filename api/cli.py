@@ -26,6 +26,7 @@ from pathlib import Path
 from capture.errors import CaptureError
 from capture.fields import IP, TS, fields, ip_text
 from capture.netflow import DEFAULT_FLOW_PORTS
+from collector.spool import SpoolFull
 from planner.query import QueryError
 
 STREAMS = ("packets", "flows")
@@ -530,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (CliError, CaptureError, QueryError) as e:
+    except (CliError, CaptureError, QueryError, SpoolFull) as e:
         return _fail(str(e))
     except BrokenPipeError:
         return 0

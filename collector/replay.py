@@ -109,7 +109,9 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     watermark_delay_s = settings.spark.watermark_delay_s
     report = progress or (lambda stage, n: None)
     metrics = metrics or Metrics()
-    spool = Spool(work / "spool", format=settings.spool.format)
+    # nothing consumes the spool before the end of the input: a full one is an error
+    spool = Spool(work / "spool", settings.spool.max_bytes, "block", 0.0,
+                  format=settings.spool.format)
     plan = build_plan(queries, **settings.plan_options())
     if settings.planner.measure_tuples:
         report("measuring", 0)

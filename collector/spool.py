@@ -99,6 +99,8 @@ class Spool:
         self.block_timeout_s = block_timeout_s
         self._lock = threading.Lock()
         self._seq: dict[Path, int] = {}
+        self._walked = self.size()  # bytes found by the last walk of the folder
+        self._written = 0  # bytes written since
 
     def folder(self, stream: str, folder: str) -> Path:
         path = self.root / stream / folder
@@ -134,17 +136,27 @@ class Spool:
         return sum(1 for p in self.root.glob("*/*/bad/*") if _is_spool_file(p.name))
 
     def _room(self) -> bool:
-        if self.size() < self.max_bytes:
+        # the folder is walked only when what it may hold (its size when last walked, plus
+        # what was written since) reaches the bound: Spark's deletions only make room
+        if self._written + self._walked < self.max_bytes:
+            return True
+        self._walked, self._written = self.size(), 0
+        if self._walked < self.max_bytes:
             return True
         if self.policy == "drop":
             return False
         deadline = time.monotonic() + self.block_timeout_s
-        while self.size() >= self.max_bytes:  # back-pressure: wait for Spark to commit
-            if time.monotonic() > deadline:
+        while True:  # back-pressure: wait for Spark to commit
+            self._walked = self.size()
+            if self._walked < self.max_bytes:
+                return True
+            if time.monotonic() >= deadline:
                 raise SpoolFull(f"spool {self.root} stayed over {self.max_bytes} bytes for "
-                                f"{self.block_timeout_s:.0f} s: is the Spark job running?")
+                                f"{self.block_timeout_s:.0f} s: is the Spark job running?"
+                                if self.block_timeout_s else
+                                f"spool {self.root} reached spool.max_bytes ({self.max_bytes} "
+                                "bytes) before the end of the input")
             time.sleep(0.2)
-        return True
 
     def write(self, stream: str, folder: str, batch: pa.RecordBatch | pa.Table) -> Path | None:
         """Write one file atomically; None if dropped by the size policy."""
@@ -163,7 +175,9 @@ class Spool:
         else:
             with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
                 writer.write_table(table, max_chunksize=65536)
+        size = tmp.stat().st_size
         os.replace(tmp, final)
+        self._written += size
         return final
 
 

@@ -135,6 +135,18 @@ def test_spark_failure_is_one_line():
     log.unlink()
 
 
+def test_replay_spool_over_its_bound_is_one_line(tmp_path):
+    """replay's spool is merged at the end of the input, so one over ``spool.max_bytes`` stops
+    the command with one line naming the setting (it never waits for a consumer)."""
+    import os
+    out = subprocess.run(
+        [sys.executable, "-m", "api.cli", "replay", str(capture("ok.pcap")), "--queries",
+         data_file("example.sql")], capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**os.environ, "FLOWSIEVE_SPOOL__MAX_BYTES": "1000",
+             "FLOWSIEVE_LFTA__ENABLED": "false"})
+    _one_error_line(out, "reached spool.max_bytes (1000 bytes) before the end of the input")
+
+
 def test_spark_reason_of_an_out_of_memory_error():
     """A JVM OutOfMemoryError (as Py4J's error text carries it) becomes advice on driver
     memory; an error that is not Spark's is left alone."""
