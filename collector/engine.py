@@ -143,6 +143,14 @@ class Engine:
                          tuple(qp.slot for qp in plan.queries if qp.query.stream == self.stream
                                and not qp.query.is_selection))
 
+    def lfta_usage(self) -> tuple[int, int]:
+        """(groups held, bytes) of the running plan's LFTA tables."""
+        with self._data:
+            c = self._c
+            tables = [t.table for fp in (c.folders if c else []) for t in fp.tables
+                      if t.table is not None]
+            return sum(len(t) for t in tables), sum(t.nbytes for t in tables)
+
     def asc_state(self) -> dict | None:
         """The running ASC sequence (for GET /prefilter)."""
         c = self._c
@@ -286,6 +294,8 @@ class Engine:
         m = self.metrics
         m.lfta_rows_in.labels(self.stream).inc(st.rows_in - seen.rows_in)
         m.lfta_rows_out.labels(self.stream).inc(st.rows_out - seen.rows_out)
+        if st.evicted > seen.evicted:
+            m.lfta_evicted.labels(self.stream).inc(st.evicted - seen.evicted)
         for reason, n in st.flushes.items():
             if n > seen.flushes[reason]:
                 m.lfta_flushes.labels(self.stream, reason).inc(n - seen.flushes[reason])

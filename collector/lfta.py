@@ -126,9 +126,10 @@ class LftaStats:
     rows_in: int = 0  # tuples or partial rows merged in
     rows_out: int = 0  # partial rows flushed
     flushes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FLUSH_REASONS, 0))
+    evicted: int = 0  # rows flushed because the table was full
 
     def copy(self) -> LftaStats:
-        return LftaStats(self.rows_in, self.rows_out, dict(self.flushes))
+        return LftaStats(self.rows_in, self.rows_out, dict(self.flushes), self.evicted)
 
 
 class PartialTable:
@@ -234,7 +235,15 @@ class PartialTable:
         if len(rows):
             self.stats.flushes[reason] += 1
             self.stats.rows_out += len(rows)
+            if reason == "full":
+                self.stats.evicted += len(rows)
         return rows
+
+    @property
+    def nbytes(self) -> int:
+        """Memory of the table's arrays."""
+        return sum(a.nbytes for a in (self.t_keys, self.t_used, self.t_cnt, self.t_sum,
+                                      self.t_min, self.t_max))
 
 
 # --------------------------------------------------------------------------- the engine's tables

@@ -39,6 +39,14 @@ class Metrics:
         self.lfta_rows_out = Counter("flowsieve_lfta_rows_out",
                                      "Partial-aggregate rows the LFTA tables flushed to the spool",
                                      ["stream"], registry=r)
+        self.lfta_evicted = Counter("flowsieve_lfta_evicted_rows",
+                                    "Partial rows flushed because their table was full (before "
+                                    "their window closed)", ["stream"], registry=r)
+        self.lfta_entries = Gauge("flowsieve_lfta_entries",
+                                  "Groups held in the LFTA tables now", ["stream"], registry=r)
+        self.lfta_bytes = Gauge("flowsieve_lfta_bytes",
+                                "Memory of the LFTA tables (bounded by lfta.capacity per node)",
+                                ["stream"], registry=r)
         self.lfta_flushes = Counter("flowsieve_lfta_flushes",
                                     "LFTA table flushes by reason (full, window, age, shutdown)",
                                     ["stream", "reason"], registry=r)

@@ -114,6 +114,15 @@ class Collector:
             except Exception as err:  # reported like a source's failure, never silent
                 self.source_errors.append(f"lfta flush: {err!r}")
                 log.exception("LFTA flush or heartbeat failed")
+            usage: dict[str, list[int]] = {}
+            for e in self.engines:
+                entries, nbytes = e.lfta_usage()
+                acc = usage.setdefault(e.stream, [0, 0])
+                acc[0] += entries
+                acc[1] += nbytes
+            for stream, (entries, nbytes) in usage.items():
+                self.metrics.lfta_entries.labels(stream).set(entries)
+                self.metrics.lfta_bytes.labels(stream).set(nbytes)
             if self.job is not None:
                 try:
                     self.job.supervise(self.settings.spark.restart_backoff_s)

@@ -102,7 +102,9 @@ def test_full_table_flushes_and_goes_on():
     keys = np.arange(20, dtype=np.int64).reshape(-1, 1)
     out = t.merge(Partials.of_tuples(keys, keys.copy()))
     assert [len(p) for p in out] == [8, 8] and len(t) == 4
-    assert t.stats.flushes["full"] == 2
+    assert t.stats.flushes["full"] == 2 and t.stats.evicted == 16
+    # memory: 16 slots × (1 key word + used flag + count + sum, min, max of one measure)
+    assert t.nbytes == 16 * (8 + 1 + 8 + 3 * 8)
     # a key already held never needs room: merging it into a full table flushes nothing
     assert t.merge(Partials.of_tuples(keys[16:20], keys[16:20].copy())) == []
 

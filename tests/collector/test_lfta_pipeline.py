@@ -80,6 +80,8 @@ def test_replay_over_windows_with_full_tables(spark, tmp_path):
     assert answers_of(res.answers) == ref
     # the tables filled and windows closed on the way (a 16-slot table holds 8 groups)
     assert metrics.lfta_flushes.labels("packets", "full")._value.get() > 0
+    assert 0 < metrics.lfta_evicted.labels("packets")._value.get() < \
+        metrics.lfta_rows_out.labels("packets")._value.get()
     assert metrics.lfta_flushes.labels("packets", "window")._value.get() > 0
     rows_in = metrics.lfta_rows_in.labels("packets")._value.get()
     rows_out = metrics.lfta_rows_out.labels("packets")._value.get()
@@ -107,8 +109,10 @@ def test_two_daemons_share_one_spool(spark, tmp_path):
     for raw in open_capture(path, batch_size=100):
         for i, e in enumerate(engines):
             e.process(_every_other(raw, i), f"probe{i}")
+    assert all(e.lfta_usage()[0] > 0 and e.lfta_usage()[1] > 0 for e in engines)
     for e in engines:
         e.finish()
+    assert all(e.lfta_usage()[0] == 0 for e in engines)  # everything reached the spool
     slots = {qp.slot: qp.query for qp in plan.queries}
     job = SparkJob(spark, tmp_path / "spool", tmp_path / "results", tmp_path / "checkpoints",
                    slots.get, 5)
