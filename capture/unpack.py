@@ -376,7 +376,8 @@ class TupleBatch:
             return np.zeros((len(self), 16), np.uint8)
         return self.ints[PACKET_INT_INDEX[name]]
 
-    def ip_valid(self) -> np.ndarray:
+    def ip_valid(self, name: str = "src_ip") -> np.ndarray:
+        """Which packets carry address field ``name`` (an IP packet carries both)."""
         return self.ints[C_IPV] >= 0
 
     def arrow(self, name: str) -> pa.Array:

@@ -342,7 +342,6 @@ class Engine:
             self.spool.write(self.stream, fp.folder,
                              punctuation(self.stream, ws, c.plan.version, self.probe))
 
-
     def finish(self) -> None:
         """End of input: punctuation beyond the last window, so every window closes."""
         with self._data:

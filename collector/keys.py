@@ -22,14 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from capture.fields import IP, STRING, fields
-from capture.netflow import FLOW_IP_FIELDS, FlowBatch
 from capture.unpack import ip_arrow
-
-
-def _ip_valid(tb, name: str) -> np.ndarray:
-    if isinstance(tb, FlowBatch):
-        return tb.ipset[FLOW_IP_FIELDS.index(name)]
-    return tb.ip_valid()
 
 
 def _binary(data: np.ndarray, offsets: np.ndarray) -> pa.Array:
@@ -39,7 +32,7 @@ def _binary(data: np.ndarray, offsets: np.ndarray) -> pa.Array:
                                   pa.py_buffer(np.ascontiguousarray(data).tobytes())])
 
 
-def _buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+def binary_buffers(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """(offsets as int64, data bytes) of a binary or string array."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
@@ -91,7 +84,7 @@ class KeyLayout:
         c = 0
         for name, kind in zip(self.keys, self.kinds, strict=True):
             if kind == IP:
-                valid = _ip_valid(tb, name)[rows]
+                valid = tb.ip_valid(name)[rows]
                 words = np.ascontiguousarray(tb.column(name)[rows]).view(">i8").reshape(-1, 2)
                 out[:, c] = valid
                 out[:, c + 1] = np.where(valid, words[:, 0], 0)
@@ -119,7 +112,7 @@ class KeyLayout:
         width = fixed.shape[1]
         if strings is None:
             return _binary(fixed.reshape(-1), np.arange(0, (n + 1) * width, width))
-        s_off, s_data = _buffers(pc.fill_null(strings, ""))
+        s_off, s_data = binary_buffers(pc.fill_null(strings, ""))
         lens = width + np.diff(s_off)
         off = np.zeros(n + 1, np.int64)
         np.cumsum(lens, out=off[1:])
@@ -134,7 +127,7 @@ class KeyLayout:
     def decode(self, key: pa.Array) -> tuple[dict[str, pa.Array], np.ndarray]:
         """Key columns (catalogue types, NULL where missing) and the pattern words
         (rows × q_words, uint64) of binary keys."""
-        off, data = _buffers(key)
+        off, data = binary_buffers(key)
         n = len(off) - 1
         width = self.words * 8
         at = np.minimum(off[:-1], max(len(data) - width, 0))

@@ -48,7 +48,7 @@ def eval_atom(a: Atom, stream: str, tb: TupleBatch, rows: np.ndarray) -> np.ndar
         hi, lo = ip_words(tb.column(a.field)[rows])
         hit = ((hi & np.uint64(m_hi)) == np.uint64(v_hi)) & \
             ((lo & np.uint64(m_lo)) == np.uint64(v_lo))
-        return (hit != a.negated) & tb.ip_valid()[rows]
+        return (hit != a.negated) & tb.ip_valid(a.field)[rows]
     x = tb.column(a.field)[rows].astype(np.int64)
     valid = x >= 0
     v = a.values

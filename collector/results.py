@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from capture.fields import IP, TS, fields, ip_text, measures
-from collector.keys import KeyLayout
+from collector.keys import KeyLayout, binary_buffers
 from collector.spool import qmask_words
 from planner.query import Query
 from planner.slots import has_slot, slots_of
@@ -32,11 +32,10 @@ def _ip_strings(arr: pa.Array) -> pa.Array:
     n = len(arr)
     if n == 0 or arr.null_count == n:
         return pa.nulls(n, pa.string())
-    offsets = np.frombuffer(arr.buffers()[1], np.int32, n + 1, arr.offset * 4)
+    offsets, data = binary_buffers(arr)
     valid = arr.is_valid().to_numpy(zero_copy_only=False)
     if not (np.diff(offsets)[valid] == 16).all():
         return pa.array([ip_text(v) for v in arr.to_pylist()], pa.string())
-    data = np.frombuffer(arr.buffers()[2], np.uint8)
     at = np.minimum(offsets[:-1], max(len(data) - 16, 0))
     b = data[at[:, None] + np.arange(16)]
     mapped = valid & (b[:, :10] == 0).all(axis=1) & (b[:, 10] == 255) & (b[:, 11] == 255)

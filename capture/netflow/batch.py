@@ -67,8 +67,9 @@ class FlowBatch:
             return self.ips[FLOW_IP_FIELDS.index(name)]
         return self.ints[FLOW_INT_INDEX[name]]
 
-    def ip_valid(self) -> np.ndarray:
-        return self.ipset[1]
+    def ip_valid(self, name: str = "src_ip") -> np.ndarray:
+        """Which records carry address field ``name``."""
+        return self.ipset[FLOW_IP_FIELDS.index(name)]
 
     def arrow(self, name: str) -> pa.Array:
         f = F[name]
