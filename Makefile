@@ -38,8 +38,8 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: $(STAMP) java
-	@if ls bench/bench_*.py >/dev/null 2>&1; then \
-	  for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done; \
+	@if ls bench/bench_*.py bench/*/bench_*.py >/dev/null 2>&1; then \
+	  for b in bench/bench_*.py bench/*/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done; \
 	else echo "no benchmarks yet (bench/bench_*.py)"; fi
 
 lint: $(STAMP)

@@ -5,22 +5,20 @@ generator's own arrays (bench/traces.py), independently of flowsieve's capture a
   predicates, specific port, prefix, host and DNS predicates, GROUP BY time/60 with different
   keys (source, destination, pair, port, protocol), top-N and HAVING. The 1- and 10-query sets
   are its first 1 and 10.
-- ``peer_sql``: the 50 filters of ``../shared/bench/peer-queries.json`` as flowsieve queries (a
-  packet count per minute each), for the uniform trace and the peers.
+- ``peer_sql``: the 50 filters of ``../shared/bench/peer-queries.json`` (kept with every tool's
+  form in ``bench/peers/queries.json``) as flowsieve queries (a packet count per minute each),
+  for the uniform trace and the peers.
 """
 
 from __future__ import annotations
 
-import json
 import operator
-from pathlib import Path
 
 import numpy as np
 
 from capture.fields import ip_text
 from planner.query import Query
 
-PEER_QUERIES = Path(__file__).resolve().parents[2] / "shared" / "bench" / "peer-queries.json"
 PROTOCOLS = {"tcp": 6, "udp": 17, "icmp": 1}
 CMP = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
        ">": operator.gt, ">=": operator.ge}
@@ -104,13 +102,10 @@ def paper_sql() -> str:
         f"bytes FROM packets GROUP BY time/60, {', '.join(k)};" for i, k in enumerate(keys)) + "\n"
 
 
-def peer_sql(path: Path = PEER_QUERIES) -> str:
-    """The peers' 50 filters (their BPF form) as flowsieve count queries."""
-    out = []
-    for i, f in enumerate(json.loads(path.read_text())):
-        out.append(f"-- name: peer{i:02d}\nSELECT time/60 AS t, count(*) AS pkts FROM packets "
-                   f"WHERE {bpf_to_sql(f['bpf'])} GROUP BY time/60;")
-    return "\n".join(out) + "\n"
+def peer_sql() -> str:
+    """The peers' 50 filters as flowsieve count queries (``bench/peers/queries.json``)."""
+    from bench.peers.queries import sql
+    return sql()
 
 
 def bpf_to_sql(bpf: str) -> str:

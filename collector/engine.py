@@ -37,7 +37,7 @@ from collector.spool import (
     select_schema,
 )
 from planner.plan import Plan
-from planner.slots import has_slot, slot_mask
+from planner.slots import slot_counts, slot_mask
 
 
 @dataclass
@@ -232,18 +232,23 @@ class Engine:
         self.metrics.prefilter_dropped.labels(self.stream).inc(len(tb) - kept)
         if not kept:
             return 0
-        tb = tb.take(np.flatnonzero(keep))
-        Q = Q[keep]
-        if self.sampler is not None and c.agg_slots:
-            self.sampler.observe(self.stream, tb, Q, c.keys, c.agg_slots)
+        matched = slot_counts(Q)
         for slot, name in c.names.items():
-            hits = int(has_slot(Q, slot).sum())
-            if hits:
-                self.metrics.query_matched.labels(name).inc(hits)
+            if matched[slot]:
+                self.metrics.query_matched.labels(name).inc(int(matched[slot]))
+        # the LFTA tables pick their rows out of the whole batch (a row no query kept has an
+        # empty mask); selection rows and the sample take the kept rows
+        sub = None
+        if self.sampler is not None and c.agg_slots or any(fp.period is None
+                                                            for fp in c.folders):
+            rows = np.flatnonzero(keep)
+            sub = (tb, Q) if kept == len(tb) else (tb.take(rows), Q[rows])
+        if self.sampler is not None and c.agg_slots:
+            self.sampler.observe(self.stream, *sub, c.keys, c.agg_slots)
         now = time.monotonic_ns()
         for fp in c.folders:
             if fp.period is None:
-                self._write(fp, self._select_rows(c, fp, tb, Q))
+                self._write(fp, self._select_rows(c, fp, *sub))
                 continue
             parts = []
             for t in fp.tables:

@@ -34,6 +34,31 @@ def has_slot(Q: np.ndarray, slot: int) -> np.ndarray:
     return (Q[:, w] & bit) != 0
 
 
+@nb.njit(cache=True, nogil=True)
+def slot_counts(Q):
+    """Per slot, the rows of ``Q`` (rows × words) with its bit set: 64 · words counts."""
+    out = np.zeros(Q.shape[1] * 64, dtype=np.int64)
+    for i in range(Q.shape[0]):
+        for w in range(Q.shape[1]):
+            x = Q[i, w]
+            while x:
+                low = x & (~x + np.uint64(1))  # the lowest set bit
+                out[w * 64 + _bit_index(low)] += 1
+                x ^= low
+    return out
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _bit_index(b):
+    """The position of the one set bit of ``b``."""
+    k = 0
+    for s in (32, 16, 8, 4, 2, 1):
+        if b >> np.uint64(s):
+            b >>= np.uint64(s)
+            k += s
+    return k
+
+
 def clear_slot(Q: np.ndarray, rows: np.ndarray, slot: int) -> None:
     """Clear the slot's bit in the given rows of ``Q``."""
     w, bit = slot_bit(slot)
