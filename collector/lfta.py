@@ -26,7 +26,7 @@ import numba as nb
 import numpy as np
 import pyarrow as pa
 
-from capture.fields import measures
+from capture.fields import IP, measures
 from collector.config import LftaConfig
 from collector.keys import KeyLayout
 from collector.spool import TS_US, aggregate_schema
@@ -49,46 +49,112 @@ def _hash(keys, i):
     return h
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def _upsert(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, r, cnt, sums,
+            mins, maxs, i):
+    """Merge key row ``r`` of ``keys`` with count ``cnt`` and row ``i`` of sums, mins and maxs
+    into the table. Returns the entries held after, or -1 when the key needs a new entry and
+    the table already holds ``limit``."""
+    mask = np.uint64(t_keys.shape[0] - 1)
+    kw = keys.shape[1]
+    slot = np.int64(_hash(keys, r) & mask)
+    while True:
+        if not t_used[slot]:
+            if n_used >= limit:
+                return -1
+            t_used[slot] = True
+            for k in range(kw):
+                t_keys[slot, k] = keys[r, k]
+            t_cnt[slot] = cnt
+            for m in range(sums.shape[1]):
+                t_sum[slot, m] = sums[i, m]
+                t_min[slot, m] = mins[i, m]
+                t_max[slot, m] = maxs[i, m]
+            return n_used + 1
+        same = True
+        for k in range(kw):
+            if t_keys[slot, k] != keys[r, k]:
+                same = False
+                break
+        if same:
+            t_cnt[slot] += cnt
+            for m in range(sums.shape[1]):
+                t_sum[slot, m] += sums[i, m]
+                if mins[i, m] < t_min[slot, m]:
+                    t_min[slot, m] = mins[i, m]
+                if maxs[i, m] > t_max[slot, m]:
+                    t_max[slot, m] = maxs[i, m]
+            return n_used
+        slot = np.int64((np.uint64(slot) + np.uint64(1)) & mask)
+
+
 @nb.njit(cache=True, nogil=True)
 def merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, cnt, sums,
                mins, maxs, start):
     """Merge rows ``start…`` of (keys, cnt, sums, mins, maxs) into the table; stop before a row
     that would make the table hold more than ``limit`` entries. Returns (next row, entries)."""
-    mask = np.uint64(t_keys.shape[0] - 1)
-    kw = keys.shape[1]
-    n_meas = sums.shape[1]
     for i in range(start, keys.shape[0]):
-        slot = np.int64(_hash(keys, i) & mask)
-        while True:
-            if not t_used[slot]:
-                if n_used >= limit:
-                    return i, n_used
-                t_used[slot] = True
-                for k in range(kw):
-                    t_keys[slot, k] = keys[i, k]
-                t_cnt[slot] = cnt[i]
-                for m in range(n_meas):
-                    t_sum[slot, m] = sums[i, m]
-                    t_min[slot, m] = mins[i, m]
-                    t_max[slot, m] = maxs[i, m]
-                n_used += 1
-                break
-            same = True
-            for k in range(kw):
-                if t_keys[slot, k] != keys[i, k]:
-                    same = False
-                    break
-            if same:
-                t_cnt[slot] += cnt[i]
-                for m in range(n_meas):
-                    t_sum[slot, m] += sums[i, m]
-                    if mins[i, m] < t_min[slot, m]:
-                        t_min[slot, m] = mins[i, m]
-                    if maxs[i, m] > t_max[slot, m]:
-                        t_max[slot, m] = maxs[i, m]
-                break
-            slot = np.int64((np.uint64(slot) + np.uint64(1)) & mask)
+        n = _upsert(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, i,
+                    cnt[i], sums, mins, maxs, i)
+        if n < 0:
+            return i, n_used
+        n_used = n
     return keys.shape[0], n_used
+
+
+@nb.njit(cache=True, nogil=True)
+def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, mask, time,
+                 period, ints, ips, ip_ok, kinds, meas, start):
+    """Merge a batch's tuples ``start…`` into the table as partials of one, building each
+    tuple's key on the fly (``NodeTable``'s layout: window start, the key fields in order —
+    ``kinds[k]`` 0: the next row of ``ints``, 1: the next address of ``ips``/``ip_ok`` as
+    validity and two big-endian halves — then the query-bit pattern ``Q[i] & mask``). Tuples
+    whose pattern is empty are not the node's. Stops before a tuple that would make the table
+    hold more than ``limit`` entries. Returns (next tuple, entries, tuples merged, earliest
+    window start merged)."""
+    words = Q.shape[1]
+    meas_t = meas.T  # (tuples, measures): each tuple its own sum, min and max
+    key = np.empty((1, t_keys.shape[1]), np.int64)
+    merged = 0
+    first = I64_MAX
+    for i in range(start, Q.shape[0]):
+        empty = True
+        for w in range(words):
+            if Q[i, w] & mask[w]:
+                empty = False
+        if empty:
+            continue
+        ws = (time[i] // period) * period
+        key[0, 0] = ws
+        c, a, b = 1, 0, 0
+        for k in range(kinds.shape[0]):
+            if kinds[k] == 0:
+                key[0, c] = ints[a, i]
+                a += 1
+                c += 1
+            else:
+                hi = np.int64(0)
+                lo = np.int64(0)
+                if ip_ok[b, i]:
+                    for j in range(8):
+                        hi = (hi << np.int64(8)) | np.int64(ips[b, i, j])
+                        lo = (lo << np.int64(8)) | np.int64(ips[b, i, 8 + j])
+                key[0, c] = np.int64(ip_ok[b, i])
+                key[0, c + 1] = hi
+                key[0, c + 2] = lo
+                b += 1
+                c += 3
+        for w in range(words):
+            key[0, c + w] = np.int64(Q[i, w] & mask[w])
+        got = _upsert(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, key, 0, 1,
+                      meas_t, meas_t, meas_t, i)
+        if got < 0:
+            return i, n_used, merged, first
+        n_used = got
+        merged += 1
+        if ws < first:
+            first = ws
+    return Q.shape[0], n_used, merged, first
 
 
 @dataclass
@@ -188,6 +254,28 @@ class PartialTable:
         self.stats.rows_in += len(rows)
         return out
 
+    def merge_batch(self, Q, mask, time, period, ints, ips, ip_ok, kinds, meas,
+                    now_ns: int | None = None) -> list[Partials]:
+        """Merge a batch's tuples straight from its columns (``merge_tuples``); returns what
+        had to be flushed because the table filled up, as ``merge`` does."""
+        out: list[Partials] = []
+        pos, n = 0, Q.shape[0]
+        while pos < n:
+            pos, self.n_used, merged, first = merge_tuples(
+                self.t_keys, self.t_used, self.t_cnt, self.t_sum, self.t_min, self.t_max,
+                self.n_used, self.limit, Q, mask, time, period, ints, ips, ip_ok, kinds, meas,
+                pos)
+            if merged:
+                if self._oldest_ns is None:
+                    self._oldest_ns = now_ns
+                self._first_window = first if self._first_window is None else \
+                    min(self._first_window, first)
+                self.stats.rows_in += merged
+            if pos < n:
+                out.append(self._drain("full"))
+                self._oldest_ns = now_ns
+        return out
+
     def flush_windows(self, before: int) -> Partials:
         """Flush the rows of windows that start before ``before`` (closed by the watermark);
         the rest stay. Nothing is scanned while no held window is that old (every batch
@@ -266,6 +354,7 @@ class NodeTable:
             self.table = PartialTable(1 + self.layout.words, len(self.measures), lfta.capacity,
                                       lfta.max_load, lfta.max_age_s)
         self.schema = aggregate_schema(stream)
+        self._kinds = np.array([int(kind == IP) for kind in self.layout.kinds], np.int8)
         self.reported = LftaStats()  # what the metrics have counted so far
 
     def rows_of(self, tb, Q: np.ndarray) -> tuple[Partials, pa.Array | None] | None:
@@ -288,13 +377,29 @@ class NodeTable:
             ) -> list[pa.Table]:
         """Take a batch's tuples; returns the spool rows due now (every tuple without a table,
         what a full table flushed with one)."""
+        if self.table is not None:
+            return [self.to_spool(p, plan_version, probe)
+                    for p in self.table.merge_batch(Q, self.mask, tb.time, self.period,
+                                                    *self._columns(tb), now_ns)]
         got = self.rows_of(tb, Q)
         if got is None:
             return []
         rows, strings = got
-        if self.table is None:
-            return [self.to_spool(rows, plan_version, probe, strings)]
-        return [self.to_spool(p, plan_version, probe) for p in self.table.merge(rows, now_ns)]
+        return [self.to_spool(rows, plan_version, probe, strings)]
+
+    def _columns(self, tb) -> tuple[np.ndarray, ...]:
+        """A batch's key and measure columns as ``merge_tuples`` reads them."""
+        n = len(tb)
+        ints = [tb.column(k) for k, kind in zip(self.keys, self.layout.kinds, strict=True)
+                if kind != IP]
+        ips = [tb.column(k) for k, kind in zip(self.keys, self.layout.kinds, strict=True)
+               if kind == IP]
+        ip_ok = [tb.ip_valid(k) for k, kind in zip(self.keys, self.layout.kinds, strict=True)
+                 if kind == IP]
+        return (np.array(ints, np.int64).reshape(len(ints), n),
+                np.array(ips, np.uint8).reshape(len(ips), n, 16),
+                np.array(ip_ok, np.bool_).reshape(len(ips), n), self._kinds,
+                np.array([tb.column(m) for m in self.measures], np.int64).reshape(-1, n))
 
     def to_spool(self, p: Partials, plan_version: int, probe: str,
                  strings: pa.Array | None = None) -> pa.Table:

@@ -14,7 +14,8 @@ from scapy.utils import RawPcapReader
 from capture.fields import ip_bytes
 from capture.pcap import open_capture
 from capture.unpack import unpack
-from collector.lfta import Partials, PartialTable
+from collector.config import LftaConfig
+from collector.lfta import NodeTable, Partials, PartialTable
 from tests.conftest import capture
 from tests.reference import packets
 
@@ -146,3 +147,35 @@ def test_real_capture_equals_dpkt(name):
                       *_address_words(p["dst_ip"]),
                       -1 if p["protocol"] is None else p["protocol"]] for p in ref], np.int64)
     assert merged(out) == truth(keys, np.array(wirelens, np.int64).reshape(-1, 1))
+
+
+@pytest.mark.parametrize("name", ["wikipedia.pcap", "icmp6.pcap", "mixed-vlan-mpls.pcap",
+                                  "ipv6-fragmented-dns.pcap"])
+@pytest.mark.parametrize("keys", [("src_ip", "dst_port"), ("protocol",),
+                                  ("dst_ip", "src_ip", "ttl")])
+def test_node_table_merges_columns_as_it_merges_key_rows(name, keys):
+    """The engine's path (``merge_tuples`` builds each tuple's key from the batch's columns)
+    gives the partials of the path the test above checks against dpkt (key rows built by
+    ``rows_of``, then ``PartialTable.merge``), through tables small enough to fill often."""
+    lfta = LftaConfig(capacity=16, max_load=0.5)
+    fused = NodeTable("packets", 60, keys, [0, 2, 65], 2, lfta)
+    ref = PartialTable(fused.table.key_words, len(fused.measures), 16, 0.5)
+    out_fused, out_ref = [], []
+    for raw in open_capture(capture(name), batch_size=61):
+        tb = unpack(raw)
+        n = len(tb)
+        Q = np.zeros((n, 2), np.uint64)  # slot 0: TCP, 1: every tuple, 2: odd length, 65: v6
+        Q[:, 0] |= (tb.column("protocol") == 6).astype(np.uint64)
+        Q[:, 0] |= np.uint64(2)
+        Q[:, 0] |= (tb.column("wirelen") % 2 == 1).astype(np.uint64) << np.uint64(2)
+        Q[:, 1] |= (tb.column("ip_version") == 6).astype(np.uint64) << np.uint64(1)
+        got = fused.rows_of(tb, Q)
+        if got is not None:
+            out_ref += ref.merge(got[0])
+        parts = fused.table.merge_batch(Q, fused.mask, tb.time, fused.period,
+                                        *fused._columns(tb))
+        out_fused += parts
+    out_fused.append(fused.table.flush_all())
+    out_ref.append(ref.flush_all())
+    assert merged(out_fused) == merged(out_ref)
+    assert fused.table.stats.rows_in == ref.stats.rows_in > 0
