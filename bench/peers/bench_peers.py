@@ -72,7 +72,7 @@ def plot(summary: dict, path: Path, packets: int) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(7.6, 4.2))
     for tool in TOOLS:
         pts = [(nq, summary[f"{tool}/{nq}"]["pps"]) for nq in SETS if f"{tool}/{nq}" in summary]
         if pts:
@@ -85,7 +85,7 @@ def plot(summary: dict, path: Path, packets: int) -> None:
     ax.set_ylabel("packets/s (medians of 3)")
     ax.set_title(f"Uniform peer trace, {packets / 1e6:g}M packets, 2 cores")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
