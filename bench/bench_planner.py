@@ -105,7 +105,7 @@ def run_bits(cp, inputs):
     """The production prefilter kernel (bits and signatures) over prepared batches."""
     out = []
     for ints, ip_hi, ip_lo, ip_ok in inputs:
-        n = ints.shape[1] if ints.shape[0] else len(ip_ok)
+        n = ints.shape[1] if ints.shape[0] else ip_ok.shape[1]
         B = np.zeros((0, 1), np.uint64)  # the engine does not pack B
         Q = np.zeros((n, cp.q_words), np.uint64)
         prefilter_kernel(ints, ip_hi, ip_lo, ip_ok, cp.a_col, cp.a_op, cp.a_neg, cp.a_v,
@@ -163,7 +163,7 @@ def _atom(i, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip, set_va
     op = a_op[a]
     c = a_col[a]
     if op == 8:  # address prefix
-        if not ip_ok[i]:
+        if not ip_ok[c, i]:
             return False
         hit = (ip_hi[c, i] & a_ip[a, 2]) == a_ip[a, 0] and (ip_lo[c, i] & a_ip[a, 3]) == a_ip[a, 1]
         return hit != a_neg[a]
@@ -412,7 +412,7 @@ def bench_cpu(queries, tb, repeat: int) -> dict:
     def naive():
         qs, ev = [], 0
         for ints, ip_hi, ip_lo, ip_ok in inputs:
-            Q = np.zeros((len(ip_ok), cp.q_words), np.uint64)
+            Q = np.zeros((ip_ok.shape[1], cp.q_words), np.uint64)
             ev += naive_kernel(ints, ip_hi, ip_lo, ip_ok, *atoms, q_slot, q_start, q_len,
                                q_preds, Q)
             qs.append(Q)
@@ -421,7 +421,7 @@ def bench_cpu(queries, tb, repeat: int) -> dict:
     def shared_only():
         qs, inv = [], 0
         for ints, ip_hi, ip_lo, ip_ok in inputs:
-            Q = np.zeros((len(ip_ok), cp.q_words), np.uint64)
+            Q = np.zeros((ip_ok.shape[1], cp.q_words), np.uint64)
             inv += shared_only_kernel(ints, ip_hi, ip_lo, ip_ok, *atoms, shared, q_slot,
                                       q_start, q_len, q_preds, q_is_shared, Q)
             qs.append(Q)
@@ -430,7 +430,7 @@ def bench_cpu(queries, tb, repeat: int) -> dict:
     def naive_columnar():
         qs = []
         for ints, ip_hi, ip_lo, ip_ok in inputs:
-            Q = np.zeros((len(ip_ok), cp.q_words), np.uint64)
+            Q = np.zeros((ip_ok.shape[1], cp.q_words), np.uint64)
             naive_columnar_kernel(ints, ip_hi, ip_lo, ip_ok, *atoms, q_slot, q_start, q_len,
                                   q_preds, Q)
             qs.append(Q)
@@ -439,7 +439,7 @@ def bench_cpu(queries, tb, repeat: int) -> dict:
     def shared_only_columnar():
         qs = []
         for ints, ip_hi, ip_lo, ip_ok in inputs:
-            Q = np.zeros((len(ip_ok), cp.q_words), np.uint64)
+            Q = np.zeros((ip_ok.shape[1], cp.q_words), np.uint64)
             shared_only_columnar_kernel(ints, ip_hi, ip_lo, ip_ok, *atoms, shared, q_slot,
                                         q_start, q_len, q_preds, q_is_shared, Q)
             qs.append(Q)

@@ -43,7 +43,7 @@ def _regions(a, idx, lo_j, hi_j, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, 
     if asc_is_ip[a]:
         for j in range(lo_j, hi_j):
             i = idx[j]
-            if not ip_ok[i]:
+            if not ip_ok[col, i]:
                 out[i] = null_r
                 continue
             h = ip_hi[col, i]
@@ -156,7 +156,7 @@ def asc_regions(rows, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart,
                 c_int, c_hi, c_lo, asc_tstart, asc_tlen, r_table):
     """Region of each listed tuple in every ASC (the sample the sequences are chosen on)."""
     n_asc = asc_col.shape[0]
-    n = ints.shape[1] if ints.shape[0] else ip_ok.shape[0]
+    n = ints.shape[1] if ints.shape[0] else ip_ok.shape[1]
     out = np.empty((rows.shape[0], n_asc), dtype=np.int64)
     col = np.zeros(n, dtype=np.int64)
     for a in range(n_asc):

@@ -194,7 +194,7 @@ def _eval_atom_column(out, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v
         vh, vl, mh, ml = a_ip[a, 0], a_ip[a, 1], a_ip[a, 2], a_ip[a, 3]
         for i in range(n):
             hit = ((ip_hi[c, i] & mh) == vh) & ((ip_lo[c, i] & ml) == vl)
-            out[i] |= (hit ^ neg) & ip_ok[i]
+            out[i] |= (hit ^ neg) & ip_ok[c, i]
         return
     v0 = a_v[a, 0]
     v1 = a_v[a, 1]
@@ -302,16 +302,19 @@ def ip_words(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def kernel_inputs(cp: CompiledPrefilter, tb: TupleBatch
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The columns the kernels read: (ints, ip_hi, ip_lo, ip_ok) for the plan's fields."""
+    """The columns the kernels read: (ints, ip_hi, ip_lo, ip_ok) for the plan's fields; ``ip_ok[k]``
+    says which tuples carry address field ``k`` (a flow record may lack its next hop)."""
     n = len(tb)
     ints = np.empty((len(cp.int_cols), n), dtype=np.int64)
     for k, name in enumerate(cp.int_cols):
         ints[k] = tb.column(name)
     ip_hi = np.empty((len(cp.ip_cols), n), dtype=np.uint64)
     ip_lo = np.empty((len(cp.ip_cols), n), dtype=np.uint64)
+    ip_ok = np.empty((len(cp.ip_cols), n), dtype=np.bool_)  # each address field its own
     for k, name in enumerate(cp.ip_cols):
         ip_hi[k], ip_lo[k] = ip_words(tb.column(name))
-    return ints, ip_hi, ip_lo, tb.ip_valid()
+        ip_ok[k] = tb.ip_valid(name)
+    return ints, ip_hi, ip_lo, ip_ok
 
 
 def run_prefilter(cp: CompiledPrefilter, tb: TupleBatch, asc: AscRuntime | None = None,

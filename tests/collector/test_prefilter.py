@@ -176,3 +176,34 @@ def test_shared_expensive_predicate_is_evaluated_once_per_tuple():
     refs = corpus()[1]
     assert need == sum(p["protocol"] == 17 or p["dst_port"] == 53 for p in refs)
     assert res.evaluated == need
+
+
+def test_address_validity_is_per_field_in_flow_records():
+    """A flow record may carry its source and destination but no next hop (templates differ):
+    the kernels test each address field against that field's own validity, as the residual's
+    evaluator does, so `next_hop = '0.0.0.0'` never holds for a record without a next hop."""
+    from capture.netflow import DEFAULT_FLOW_PORTS, Decoder, FlowBatch, capture_flows
+    from collector.residual import eval_predicate
+    from tests.conftest import flow_data
+    path = flow_data("softflowd-generated/softflowd-ok-v5-export.pcap")
+    fb = FlowBatch.concat(list(capture_flows(path, DEFAULT_FLOW_PORTS, Decoder())))
+    assert len(fb) > 20
+    ipset = fb.ipset.copy()
+    ipset[3, ::2] = False  # every other record without a next hop (field 3 of exporter, src,
+    fb = FlowBatch(fb.ints, fb.ips, ipset)  # dst, next hop)
+    assert fb.ip_valid("src_ip").all() and not fb.ip_valid("next_hop").all()
+    wheres = ["next_hop = '0.0.0.0'", "in_prefix(next_hop, '0.0.0.0/0')",
+              "next_hop != '10.9.9.9'", "in_prefix(src_ip, '0.0.0.0/0')"]
+    for min_constants in (None, 1):  # bits, then ASCs
+        plan = build_plan(parse_queries(";".join(
+            f"SELECT src_ip FROM flows WHERE {w}" for w in wheres)),
+            asc_min_constants=min_constants)
+        _, Q = run_prefilter(compile_prefilter(plan, "flows"), fb)
+        rows = np.arange(len(fb))
+        for qp in plan.queries:
+            want = np.logical_and.reduce([eval_predicate(p, fb, rows)
+                                          for p in qp.query.predicates])
+            got = (Q[:, qp.slot >> 6] >> np.uint64(qp.slot & 63)) & np.uint64(1)
+            assert np.array_equal(got.astype(bool), want), (qp.query.text, min_constants)
+            if "next_hop" in qp.query.text:  # NULL makes every test false
+                assert not got[::2].any() and got[1::2].any()

@@ -111,8 +111,8 @@ def test_regions_equal_reference_and_kernel_equals_simulation():
     ref = packets(capture("ok.pcap"))
     tb = tbs[0]
     n = len(tb)
-    ints, ip_hi, ip_lo, _ = kernel_inputs(cp, tb)
-    R = asc_regions(np.arange(n), ints, ip_hi, ip_lo, tb.ip_valid(), *cp.asc_arrays())
+    ints, ip_hi, ip_lo, ip_ok = kernel_inputs(cp, tb)
+    R = asc_regions(np.arange(n), ints, ip_hi, ip_lo, ip_ok, *cp.asc_arrays())
     for k, a in enumerate(cp.ascs):
         for i, p in enumerate(ref):
             v = p[a.attribute]
@@ -127,7 +127,7 @@ def test_regions_equal_reference_and_kernel_equals_simulation():
         if arrows is not None:
             rt.arrows = arrows
         Q = Q0.copy()
-        evals = rt.run(ints, ip_hi, ip_lo, tb.ip_valid(), Q)
+        evals = rt.run(ints, ip_hi, ip_lo, ip_ok, Q)
         ev_ref, grb = simulate(cp.asc_qrb, R, Q0, macro, arrows, cp.asc_qub)
         assert np.array_equal(Q, grb)
         assert evals == int(ev_ref.sum())
@@ -137,8 +137,8 @@ def test_dp_best_order_equals_brute_force_and_beats_or_ties_macro():
     plan = build_plan(parse_queries(WORKLOAD))
     cp, tbs = _sample(plan)
     tb = tbs[0]
-    ints, ip_hi, ip_lo, _ = kernel_inputs(cp, tb)
-    R = asc_regions(np.arange(len(tb)), ints, ip_hi, ip_lo, tb.ip_valid(),
+    ints, ip_hi, ip_lo, ip_ok = kernel_inputs(cp, tb)
+    R = asc_regions(np.arange(len(tb)), ints, ip_hi, ip_lo, ip_ok,
                     *cp.asc_arrays())
     Q0 = np.full((len(tb), 1), (1 << len(plan.queries)) - 1, dtype=np.uint64)
     order, cost = best_fixed_order(cp.asc_qrb, R, Q0, cp.asc_qub)
