@@ -6,11 +6,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.deps import CollectorDep
 from api.routes import exporters, prefilter, queries
+from api.security import Guard
 from collector.service import Collector
 
 
@@ -29,6 +31,12 @@ def create_app(collector: Collector, manage: bool = False) -> FastAPI:
                   description="Register continuous queries over packets and flows, read their "
                               "results, explain the prefilter.")
     app.state.collector = collector
+    api = collector.settings.api
+    if api.cors_origins:  # none unless configured
+        app.add_middleware(CORSMiddleware, allow_origins=api.cors_origins,
+                           allow_methods=["GET", "POST", "PATCH", "DELETE"],
+                           allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(Guard, config=api)  # outermost: refusals before anything runs
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:

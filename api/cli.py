@@ -165,6 +165,15 @@ def check_capture(path: str) -> None:
         raise CliError(f"capture {path} cannot be read: {e.strerror}") from e
 
 
+def check_exposure(api) -> None:
+    """Without a token the API listens on loopback only (anyone who reaches the port could
+    register or delete queries)."""
+    from api.security import is_loopback
+    if not is_loopback(api.host) and not api.scopes():
+        raise CliError(f"api.host is {api.host}, not a loopback address, and no token is set: "
+                       "set api.token (or FLOWSIEVE_API__TOKEN) or bind 127.0.0.1")
+
+
 def check_port(host: str, port: int) -> None:
     """The API port must be free before Spark starts (a clash would show 40 s later)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -508,6 +517,7 @@ def spark_reason(e: BaseException) -> str | None:
 
 def cmd_run(args) -> int:
     settings = _settings(args.config)
+    check_exposure(settings.api)
     check_port(settings.api.host, settings.api.port)
     check_java()
     import uvicorn

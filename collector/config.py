@@ -11,7 +11,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -40,9 +40,40 @@ def parse_size(v: int | str) -> int:
     return int(m.group(1)) * UNITS[unit]
 
 
+class ApiToken(BaseModel):
+    """A bearer token and what it may do: ``read`` (GET routes) or ``admin`` (everything)."""
+
+    token: SecretStr = Field(..., min_length=16)
+    scope: Literal["read", "admin"] = "read"
+
+
 class ApiConfig(BaseModel):
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description="the address the API binds (a non-loopback "
+                      "address needs a token)")
     port: int = Field(8080, ge=0, le=65535)
+    token: SecretStr | None = Field(None, min_length=16, description="the admin bearer "
+                                    "token (FLOWSIEVE_API__TOKEN); never logged")
+    tokens: list[ApiToken] = Field(default_factory=list, description="more tokens, each with "
+                                   "its scope")
+    protect_reads: bool = Field(False, description="GET routes need a read or admin token "
+                                "too (/healthz and /readyz stay open)")
+    cors_origins: list[str] = Field(default_factory=list, description="origins allowed to "
+                                    "call the API from a browser; none by default")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413")
+    max_queries: int = Field(1000, ge=1, description="registrations past this get 429")
+
+    @model_validator(mode="after")
+    def _reads_need_a_token(self) -> ApiConfig:
+        if self.protect_reads and not self.scopes():
+            raise ValueError("api.protect_reads needs api.token or api.tokens")
+        return self
+
+    def scopes(self) -> list[tuple[bytes, str]]:
+        """(token bytes, scope) of every configured token."""
+        out = [(t.token.get_secret_value().encode(), t.scope) for t in self.tokens]
+        if self.token is not None:
+            out.append((self.token.get_secret_value().encode(), "admin"))
+        return out
 
 
 def cache_dir() -> Path:

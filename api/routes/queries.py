@@ -50,7 +50,12 @@ def _public(c, q, slot) -> QueryPublic:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=QueryPublic)
 def create_query(body: QueryCreate, c: CollectorDep) -> QueryPublic:
-    """Register a query; the prefilter is rebuilt and the engine takes it between batches."""
+    """Register a query; the prefilter is rebuilt and the engine takes it between batches.
+    Past ``api.max_queries`` registered queries: 429."""
+    limit = c.settings.api.max_queries
+    if len(c.queries()) >= limit:
+        raise HTTPException(429, f"{limit} queries are registered (api.max_queries); delete "
+                                 "one first")
     try:
         q = c.register(body.name, body.sql)
     except QueryError as e:

@@ -1,0 +1,129 @@
+"""Who may call the control plane: bearer tokens with read and admin scope on the routes that
+need them, cross-origin requests refused, bodies and registrations bounded, and `flowsieve run`
+refusing to expose an API without a token. Real HTTP requests through FastAPI's test client."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.security import scope_of
+from collector.config import load_settings
+from collector.service import Collector
+
+ADMIN = "admin-token-0123456789abcdef"
+READER = "read-token-0123456789abcdef"
+SQL = "SELECT time/60 AS t, count(*) AS n FROM packets GROUP BY time/60"
+
+
+def client_with(tmp_path, **api):
+    c = Collector(load_settings(var_dir=tmp_path / "var", initial_queries=None, api=api))
+    c.start(with_sources=False, with_spark=False)
+    return c, TestClient(create_app(c))
+
+
+def auth(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_tokens_guard_mutations_and_reads_by_scope(tmp_path):
+    c, client = client_with(tmp_path, token=ADMIN, tokens=[{"token": READER, "scope": "read"}])
+    with client:
+        # reads are open unless api.protect_reads
+        assert client.get("/queries").status_code == 200
+        r = client.post("/queries", json={"name": "a", "sql": SQL})
+        assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
+        assert r.headers["content-type"] == "application/problem+json"
+        assert r.json()["status"] == 401 and ADMIN not in r.text
+        assert client.post("/queries", json={"name": "a", "sql": SQL},
+                           headers=auth("wrong-token-0123456789abcd")).status_code == 401
+        assert client.post("/queries", json={"name": "a", "sql": SQL},
+                           headers={"Authorization": ADMIN}).status_code == 401  # no scheme
+        r = client.post("/queries", json={"name": "a", "sql": SQL}, headers=auth(READER))
+        assert r.status_code == 403 and "only read" in r.json()["detail"]
+        assert client.post("/queries", json={"name": "a", "sql": SQL},
+                           headers=auth(ADMIN)).status_code == 201
+        assert client.post("/prefilter/rebuild").status_code == 401
+        assert client.post("/prefilter/rebuild", headers=auth(ADMIN)).status_code == 200
+        assert client.delete("/queries/a", headers=auth(READER)).status_code == 403
+        assert client.delete("/queries/a", headers=auth(ADMIN)).status_code == 204
+    c.stop()
+
+
+def test_protected_reads(tmp_path):
+    c, client = client_with(tmp_path, token=ADMIN, protect_reads=True,
+                            tokens=[{"token": READER, "scope": "read"}])
+    with client:
+        assert client.get("/queries").status_code == 401
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/queries", headers=auth(READER)).status_code == 200
+        assert client.get("/prefilter", headers=auth(ADMIN)).status_code == 200
+        assert client.get("/healthz").status_code == 200  # liveness stays open
+    c.stop()
+    with pytest.raises(ValueError, match="protect_reads needs"):
+        load_settings(var_dir=tmp_path / "v2", api={"protect_reads": True})
+
+
+def test_cross_origin_mutations_are_refused(tmp_path):
+    """The request of the report: a body-less cross-origin POST from any web page."""
+    c, client = client_with(tmp_path, cors_origins=["https://grafana.example"])
+    with client:
+        r = client.post("/prefilter/rebuild", headers={"Origin": "https://evil.example"})
+        assert r.status_code == 403 and "cross-origin" in r.json()["detail"]
+        # a configured origin passes (and gets CORS headers); no Origin: not a browser
+        r = client.post("/prefilter/rebuild", headers={"Origin": "https://grafana.example"})
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == "https://grafana.example"
+        assert client.post("/prefilter/rebuild").status_code == 200
+        # the API's own pages (its /docs) are the same origin
+        assert client.post("/prefilter/rebuild",
+                           headers={"Origin": "http://testserver"}).status_code == 200
+        # reads carry no CORS header for an origin not configured
+        r = client.get("/queries", headers={"Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in r.headers
+    c.stop()
+
+
+def test_registrations_are_bounded(tmp_path):
+    c, client = client_with(tmp_path, max_queries=2, max_body_bytes=4096)
+    with client:
+        for name in ("a", "b"):
+            assert client.post("/queries", json={"name": name, "sql": SQL}).status_code == 201
+        r = client.post("/queries", json={"name": "c", "sql": SQL})
+        assert r.status_code == 429 and "api.max_queries" in r.json()["detail"]
+        assert client.post("/queries", json={"name": "c", "sql": SQL + " " * 5000}
+                           ).status_code == 413
+    c.stop()
+
+
+def test_token_from_the_environment_is_never_shown(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLOWSIEVE_API__TOKEN", ADMIN)
+    settings = load_settings(var_dir=tmp_path / "var")
+    assert settings.api.scopes() == [(ADMIN.encode(), "admin")]
+    assert ADMIN not in repr(settings) and ADMIN not in str(settings.model_dump())
+    with pytest.raises(ValueError, match="at least 16"):
+        load_settings(var_dir=tmp_path / "var", api={"token": "short"})
+
+
+def test_scope_of_compares_every_token():
+    tokens = [(READER.encode(), "read"), (ADMIN.encode(), "admin")]
+    assert scope_of(tokens, f"Bearer {ADMIN}") == "admin"
+    assert scope_of(tokens, f"bearer {READER}") == "read"
+    assert scope_of(tokens, f"Bearer {ADMIN}x") is None
+    assert scope_of(tokens, None) is None and scope_of([], f"Bearer {ADMIN}") is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3"])
+def test_run_refuses_an_exposed_api_without_a_token(tmp_path, host):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"api: {{host: '{host}'}}\nvar_dir: {tmp_path / 'var'}\n")
+    r = subprocess.run([sys.executable, "-m", "api.cli", "run", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    lines = r.stdout.strip().splitlines() + r.stderr.strip().splitlines()
+    assert lines == [f"error: api.host is {host}, not a loopback address, and no token is "
+                     "set: set api.token (or FLOWSIEVE_API__TOKEN) or bind 127.0.0.1"]
