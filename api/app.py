@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.deps import CollectorDep
 from api.routes import exporters, prefilter, queries
-from api.security import Guard
+from api.security import Guard, problem
 from collector.service import Collector
 
 
@@ -69,5 +69,14 @@ def create_app(collector: Collector, manage: bool = False) -> FastAPI:
                 "spark_errors": spark_errors,
                 "spark_failures": c.job.errors[-10:] if c.job is not None else [],
                 "source_errors": c.source_errors[-10:]}
+
+    @app.get("/readyz", tags=["health"], responses={503: {"description": "not ready"}})
+    def readyz(c: CollectorDep) -> Response:
+        """Readiness: Spark runs every streaming query and every source runs (or a file
+        source has reached its end); else 503 with the reasons (``/healthz`` is liveness)."""
+        reasons = c.not_ready()
+        if reasons:
+            return problem(503, "; ".join(reasons))
+        return JSONResponse({"status": "ready", "sources": dict(c.source_state)})
 
     return app

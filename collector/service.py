@@ -49,6 +49,7 @@ class Collector:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.source_errors: list[str] = []
+        self.source_state: dict[str, str] = {}  # name -> running, finished or failed: why
         self.sources: list = []
         self._flow_seen: dict[str, dict] = {}
         self.started = False
@@ -141,6 +142,7 @@ class Collector:
         self.started = False
 
     def _run_source(self, src, engine: Engine) -> None:
+        self.source_state[src.name] = "running"
         try:
             for raw in src.batches(self._stop):
                 if raw is not None and len(raw):
@@ -148,14 +150,34 @@ class Collector:
                 if hasattr(src, "decoder"):
                     self._flow_counters(src)
             engine.finish()
+            self.source_state[src.name] = "finished"
         except DecodeError as e:
             self.metrics.decode_errors.labels(src.name, e.kind or "input").inc()
             self.source_errors.append(str(e))
+            self.source_state[src.name] = f"failed: {e}"
             log.error("source %s: %s", src.name, e)
             engine.finish()
         except Exception as e:  # a source thread must report, not vanish
             self.source_errors.append(f"{src.name}: {e!r}")
+            self.source_state[src.name] = f"failed: {e!r}"
             log.exception("source %s failed", src.name)
+
+    def not_ready(self) -> list[str]:
+        """Why the daemon cannot serve its queries now (empty: ready): Spark not started or a
+        streaming query down, a source that failed or never started (a file source that
+        reached its end is fine)."""
+        out = []
+        if not self.started:
+            out.append("the collector has not started")
+        if self.job is None:
+            out.append("Spark is not running")
+        else:
+            out += [f"Spark query {e}" for e in self.job.check()]
+        for src in self.sources if self._threads else []:
+            state = self.source_state.get(src.name, "not started")
+            if state not in ("running", "finished"):
+                out.append(f"source {src.name}: {state}")
+        return out
 
     def _stats_callback(self, cfg):
         return self._listener_stats(cfg.name) if cfg.type == "netflow" else \

@@ -159,4 +159,8 @@ def test_register_query_over_http_while_running(daemon):
     assert metric(text, "flowsieve_packets_dropped_prefilter_total", 'stream="packets"') > 0
     assert httpx.get(base + "/prefilter", timeout=10).json()["version"] >= 2
     assert httpx.get(base + "/healthz", timeout=10).json()["status"] == "ok"
+    ready = httpx.get(base + "/readyz", timeout=10)  # Spark and the followed file source run
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["sources"] and set(ready.json()["sources"].values()) <= {"running",
+                                                                                  "finished"}
     assert proc.poll() is None

@@ -127,3 +127,14 @@ def test_run_refuses_an_exposed_api_without_a_token(tmp_path, host):
     lines = r.stdout.strip().splitlines() + r.stderr.strip().splitlines()
     assert lines == [f"error: api.host is {host}, not a loopback address, and no token is "
                      "set: set api.token (or FLOWSIEVE_API__TOKEN) or bind 127.0.0.1"]
+
+
+def test_readyz_says_why_not(tmp_path):
+    """Readiness is not liveness: without Spark the daemon is alive (/healthz) but not ready."""
+    c, client = client_with(tmp_path, token=ADMIN, protect_reads=True)
+    with client:
+        assert client.get("/healthz").status_code == 200
+        r = client.get("/readyz")  # open, like /healthz
+        assert r.status_code == 503 and r.headers["content-type"] == "application/problem+json"
+        assert "Spark is not running" in r.json()["detail"]
+    c.stop()
