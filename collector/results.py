@@ -3,6 +3,7 @@ ORDER BY … LIMIT per window), their Parquet folders, and the output formats of
 
 from __future__ import annotations
 
+import base64
 import json
 import operator
 import os
@@ -216,6 +217,68 @@ def read_results(root: str | os.PathLike, query: Query, last_windows: int | None
         table = table.filter(pc.is_in(table.column("window_start"),
                                       pa.array(keep, table.column("window_start").type)))
     return order_rows(query, table)
+
+
+class CursorError(ValueError):
+    pass
+
+
+def _time_key(table: pa.Table) -> str | None:
+    """The column a page is cut by: an aggregate's window, a selection's tuple time."""
+    return next((c for c in ("window_start", "_ts") if c in table.column_names), None)
+
+
+def page(table: pa.Table, start_s: float | None = None, end_s: float | None = None,
+         newest_first: bool = True, limit: int = 1000, cursor: str | None = None
+         ) -> tuple[pa.Table, str | None]:
+    """One page of a query's answers (``read_results``' order): windows starting in
+    [start_s, end_s), newest window first (or oldest), rows within a window in the query's
+    order, at most ``limit`` rows, and the cursor of the next page (None: no more). A cursor
+    names the last window served and how many of its rows were; closed windows never change,
+    so paging is stable while new windows arrive."""
+    key = _time_key(table)
+    if key is None or not table.num_rows:
+        return table.slice(0, limit), None
+    ws = pc.cast(table.column(key), pa.int64()).to_numpy(zero_copy_only=False)
+    keep = np.ones(len(ws), bool)
+    if start_s is not None:
+        keep &= ws >= int(start_s * 1_000_000)
+    if end_s is not None:
+        keep &= ws < int(end_s * 1_000_000)
+    idx = np.flatnonzero(keep)
+    if newest_first:  # windows descending, each window's rows in their order
+        idx = idx[np.argsort(-ws[idx], kind="stable")]
+    if cursor is not None:
+        w, served, direction = _decode_cursor(cursor)
+        if direction != ("n" if newest_first else "o"):
+            raise CursorError("the cursor belongs to the other order")
+        beyond = ws[idx] < w if newest_first else ws[idx] > w
+        same = np.flatnonzero(ws[idx] == w)[served:]
+        idx = np.concatenate([idx[same], idx[beyond]])
+    out = idx[:limit]
+    nxt = None
+    if len(idx) > limit:
+        last = ws[out[-1]]
+        done = int((ws[out] == last).sum())
+        if cursor is not None and w == last:
+            done += served
+        nxt = _encode_cursor(int(last), done, "n" if newest_first else "o")
+    return table.take(pa.array(out, pa.int64())), nxt
+
+
+def _encode_cursor(w: int, served: int, direction: str) -> str:
+    return base64.urlsafe_b64encode(f"{w}:{served}:{direction}".encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[int, int, str]:
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        w, served, direction = text.split(":")
+        if direction not in ("n", "o") or int(served) < 0:
+            raise ValueError(text)
+        return int(w), int(served), direction
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CursorError(f"not a cursor of this API: {cursor[:40]!r}") from e
 
 
 # ------------------------------------------------------------------------------ output formats

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Query, status
+import csv
+import io
+from datetime import datetime
+from typing import Annotated, Literal
+
+import pyarrow.parquet as pq
+from fastapi import APIRouter, HTTPException, Query, Response, status
 from pydantic import BaseModel, Field
 
 from api.deps import CollectorDep
 from collector.registry import QueryExists
-from collector.results import rows_of
+from collector.results import CursorError, page, rows_of
 from planner.query import QueryError
 
 router = APIRouter(prefix="/queries", tags=["queries"])
@@ -34,6 +40,10 @@ class ResultsPublic(BaseModel):
     name: str
     columns: list[str]
     rows: list[dict]
+    next_cursor: str | None = None
+
+
+PARQUET = "application/vnd.apache.parquet"
 
 
 def _public(c, q, slot) -> QueryPublic:
@@ -89,15 +99,47 @@ def delete_query(name: str, c: CollectorDep) -> None:
         raise HTTPException(404, "query not found")
 
 
-@router.get("/{name}/results", response_model=ResultsPublic)
-def query_results(name: str, c: CollectorDep,
-                  windows: int | None = Query(None, ge=1, le=100_000,
-                                              description="only the latest N closed windows"),
-                  ) -> ResultsPublic:
-    """The query's answers for its closed windows (all, or the latest ``windows``)."""
+@router.get("/{name}/results", response_model=ResultsPublic,
+            responses={200: {"content": {"text/csv": {}, PARQUET: {}}}})
+def query_results(
+        name: str, c: CollectorDep,
+        windows: Annotated[int | None, Query(ge=1, le=100_000, description="only the latest "
+                                             "N closed windows")] = None,
+        start: Annotated[datetime | None, Query(alias="from", description="windows starting "
+                                                "at or after (ISO 8601 or epoch seconds)")] = None,
+        end: Annotated[datetime | None, Query(alias="to", description="windows starting "
+                                              "before")] = None,
+        limit: Annotated[int, Query(ge=1, le=100_000, description="rows per page")] = 1000,
+        cursor: Annotated[str | None, Query(max_length=200, description="next_cursor of the "
+                                            "previous page")] = None,
+        order: Literal["newest", "oldest"] = "newest",
+        format: Literal["json", "csv", "parquet"] = "json",  # noqa: A002 - the query parameter
+) -> Response | ResultsPublic:
+    """The query's answers for its closed windows: by window start range, paged (newest window
+    first by default; ``next_cursor`` continues), as JSON, CSV or a Parquet download. CSV and
+    Parquet carry the next page's cursor in the ``X-Next-Cursor`` header."""
     found = c.query(name)
     if found is None:
         raise HTTPException(404, "query not found")
     q = found[0]
-    table = c.results(name, windows)
-    return ResultsPublic(name=name, columns=[o.name for o in q.outputs], rows=rows_of(q, table))
+    try:
+        table, nxt = page(c.results(name, windows),
+                          start.timestamp() if start else None,
+                          end.timestamp() if end else None, order == "newest", limit, cursor)
+    except CursorError as e:
+        raise HTTPException(400, str(e)) from e
+    headers = {"X-Next-Cursor": nxt} if nxt else {}
+    rows = rows_of(q, table)
+    columns = [o.name for o in q.outputs]
+    if format == "csv":
+        out = io.StringIO()
+        w = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+        return Response(out.getvalue(), media_type="text/csv", headers=headers)
+    if format == "parquet":
+        buf = io.BytesIO()
+        pq.write_table(table, buf)
+        return Response(buf.getvalue(), media_type=PARQUET, headers={
+            **headers, "Content-Disposition": f'attachment; filename="{name}.parquet"'})
+    return ResultsPublic(name=name, columns=columns, rows=rows, next_cursor=nxt)
