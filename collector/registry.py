@@ -36,6 +36,9 @@ class Registry:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(self.path), check_same_thread=False)
         self._db.executescript(SCHEMA)
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(queries)")}
+        if "enabled" not in columns:  # a registry written before queries could be paused
+            self._db.execute("ALTER TABLE queries ADD COLUMN enabled INTEGER NOT NULL DEFAULT 1")
         self._db.commit()
 
     def close(self) -> None:
@@ -59,8 +62,8 @@ class Registry:
             if self._db.execute("SELECT 1 FROM queries WHERE name = ?", (q.name,)).fetchone():
                 raise QueryExists(f"query {q.name!r} exists; delete it first")
             slot = self._free_slot(time.time())
-            self._db.execute("INSERT INTO queries VALUES (?, ?, ?, ?)",
-                             (q.name, q.text, slot, time.time()))
+            self._db.execute("INSERT INTO queries (name, text, slot, created_at) "
+                             "VALUES (?, ?, ?, ?)", (q.name, q.text, slot, time.time()))
             self._db.commit()
         return q
 
@@ -74,6 +77,19 @@ class Registry:
                              (row[0], time.time()))
             self._db.commit()
             return True
+
+    def set_enabled(self, name: str, enabled: bool) -> bool:
+        """Pause or resume a query; it keeps its slot (and so its answers). False: unknown."""
+        with self._lock:
+            cur = self._db.execute("UPDATE queries SET enabled = ? WHERE name = ?",
+                                   (int(enabled), name))
+            self._db.commit()
+            return cur.rowcount == 1
+
+    def disabled(self) -> set[str]:
+        """Names of the paused queries."""
+        with self._lock:
+            return {r[0] for r in self._db.execute("SELECT name FROM queries WHERE enabled = 0")}
 
     def entries(self) -> list[tuple[Query, int]]:
         """Every registered query with its slot, in slot order."""

@@ -259,14 +259,16 @@ class Collector:
     def rebuild(self) -> Plan:
         """Compile the registered queries into a new plan version and hand it to the engines."""
         with self._rebuild_lock:
-            entries = self.registry.entries()
+            every = self.registry.entries()
+            paused = self.registry.disabled()
+            entries = [(q, s) for q, s in every if q.name not in paused]  # paused: no cost
             plan = build_plan([q for q, _ in entries], {q.name: s for q, s in entries},
                               self.registry.next_version(),
                               selectivity=self.meter.selectivities(),
                               samples=self.sampler.samples(),
                               **self.settings.plan_options())
-            self._slot_queries.clear()
-            self._slot_queries.update({s: q for q, s in entries})
+            self._slot_queries.clear()  # a paused query's partials in flight still answer
+            self._slot_queries.update({s: q for q, s in every})
             self.plan = plan
             for e in self.engines:
                 e.set_plan(plan)
@@ -277,6 +279,16 @@ class Collector:
             if self.job is not None:
                 self.job.ensure(self.folders())
             return plan
+
+    def set_enabled(self, name: str, enabled: bool) -> bool:
+        """Pause or resume a query without losing its slot or its answers so far."""
+        if not self.registry.set_enabled(name, enabled):
+            return False
+        self.rebuild()
+        return True
+
+    def enabled(self, name: str) -> bool:
+        return name not in self.registry.disabled()
 
     def register(self, name: str | None, text: str) -> Query:
         q = self.registry.add(name, text)

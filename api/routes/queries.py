@@ -25,9 +25,15 @@ class QueryCreate(BaseModel):
     sql: str = Field(..., min_length=1, max_length=100_000)
 
 
+class QueryPatch(BaseModel):
+    enabled: bool = Field(..., description="false pauses the query: it leaves the plan (costs "
+                          "nothing in the prefilter) and keeps its slot and answers")
+
+
 class QueryPublic(BaseModel):
     name: str
     slot: int
+    enabled: bool = True
     stream: str
     period_s: int | None
     sql: str
@@ -53,7 +59,8 @@ def _public(c, q, slot) -> QueryPublic:
             qp = c.plan.by_name(q.name)
         except KeyError:
             qp = None
-    return QueryPublic(name=q.name, slot=slot, stream=q.stream, period_s=q.period, sql=q.text,
+    return QueryPublic(name=q.name, slot=slot, enabled=c.enabled(q.name), stream=q.stream,
+                       period_s=q.period, sql=q.text,
                        columns=[o.name for o in q.outputs],
                        signature=qp.signature if qp else [], residual=qp.residual if qp else [])
 
@@ -90,6 +97,14 @@ def get_query(name: str, c: CollectorDep) -> QueryPublic:
     if found is None:
         raise HTTPException(404, "query not found")
     return _public(c, *found)
+
+
+@router.patch("/{name}", response_model=QueryPublic)
+def patch_query(name: str, body: QueryPatch, c: CollectorDep) -> QueryPublic:
+    """Pause (``{"enabled": false}``) or resume a query; a new plan version either way."""
+    if not c.set_enabled(name, body.enabled):
+        raise HTTPException(404, "query not found")
+    return _public(c, *c.query(name))
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)

@@ -104,3 +104,27 @@ def test_csv_parquet_and_bad_cursors(client):
     newest = c.get("/queries/proto/results", params={"limit": 1}).json()["next_cursor"]
     r = c.get("/queries/proto/results", params={"cursor": newest, "order": "oldest"})
     assert r.status_code == 400 and "other order" in r.text
+
+
+def test_pause_and_resume_keep_slot_and_answers(client, tmp_path):
+    col, c = client
+    assert c.post("/queries", json={"name": "other", "sql": SQL}).status_code == 201
+    slot = c.get("/queries/proto").json()["slot"]
+    version = c.get("/prefilter").json()["version"]
+    r = c.patch("/queries/proto", json={"enabled": False})
+    assert r.status_code == 200 and r.json()["enabled"] is False and r.json()["slot"] == slot
+    plan = c.get("/prefilter").json()
+    assert plan["version"] == version + 1
+    assert [q["name"] for q in plan["queries"]] == ["other"]  # it costs nothing now
+    assert len(c.get("/queries/proto/results").json()["rows"]) == 15  # answers kept
+    assert c.post("/queries", json={"name": "third", "sql": SQL}).json()["slot"] != slot
+    # the pause survives a restart (the registry holds it)
+    again = Collector(load_settings(var_dir=col.settings.var_dir, initial_queries=None))
+    again.start(with_sources=False, with_spark=False)
+    assert [qp.query.name for qp in again.plan.queries] == ["other", "third"]
+    again.stop()
+    r = c.patch("/queries/proto", json={"enabled": True})
+    assert r.json()["enabled"] is True and r.json()["slot"] == slot
+    assert "proto" in [q["name"] for q in c.get("/prefilter").json()["queries"]]
+    assert c.patch("/queries/nope", json={"enabled": False}).status_code == 404
+    assert c.patch("/queries/proto", json={"enabled": "maybe"}).status_code == 422
