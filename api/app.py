@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.deps import CollectorDep
 from api.routes import exporters, prefilter, queries
@@ -40,11 +41,21 @@ def create_app(collector: Collector, manage: bool = False) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        """422 with where and why, never the request echoed back (FastAPI's default includes
-        the input: a 5 MB body came back as a 5 MB error)."""
-        return JSONResponse(status_code=422, content={"detail": [
+        """422 problem details with where and why (``errors``), never the request echoed back
+        (FastAPI's default includes the input: a 500 kB body came back as a 500 kB error)."""
+        return problem(422, "the request is not valid", extra={"errors": [
             {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
             for e in exc.errors()[:20]]})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Every error as RFC 9457 problem details; a dict detail (a query's reason, line and
+        column) becomes extension members beside its message."""
+        if isinstance(exc.detail, dict):
+            extra = {k: v for k, v in exc.detail.items() if k != "message"}
+            return problem(exc.status_code, str(exc.detail.get("message", "")), exc.headers,
+                           extra)
+        return problem(exc.status_code, str(exc.detail), exc.headers)
     app.include_router(queries.router)
     app.include_router(prefilter.router)
     app.include_router(exporters.router)

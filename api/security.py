@@ -28,11 +28,13 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def problem(status: int, detail: str, headers: dict | None = None) -> JSONResponse:
-    """An RFC 9457 problem details response."""
+def problem(status: int, detail: str, headers: dict | None = None,
+            extra: dict | None = None) -> JSONResponse:
+    """An RFC 9457 problem details response (``extra``: extension members)."""
     return JSONResponse({"type": "about:blank", "title": HTTPStatus(status).phrase,
-                         "status": status, "detail": detail}, status_code=status,
-                        media_type="application/problem+json", headers=headers)
+                         "status": status, "detail": detail, **(extra or {})},
+                        status_code=status, media_type="application/problem+json",
+                        headers=headers)
 
 
 def is_loopback(host: str) -> bool:

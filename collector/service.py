@@ -50,6 +50,7 @@ class Collector:
         self._threads: list[threading.Thread] = []
         self.source_errors: list[str] = []
         self.source_state: dict[str, str] = {}  # name -> running, finished or failed: why
+        self.plan_overrides: dict = {}  # POST /prefilter/rebuild's options
         self.sources: list = []
         self._flow_seen: dict[str, dict] = {}
         self.started = False
@@ -256,17 +257,23 @@ class Collector:
             return []
         return [(s, f) for s in plan.streams() for f in plan.folders(s)]
 
-    def rebuild(self) -> Plan:
-        """Compile the registered queries into a new plan version and hand it to the engines."""
+    def rebuild(self, options: dict | None = None) -> Plan:
+        """Compile the registered queries into a new plan version and hand it to the engines.
+        ``options`` (``bit_budget``, ``use_selectivities``) replace the configuration's for this
+        and every later rebuild until the next options or a restart."""
         with self._rebuild_lock:
+            if options is not None:
+                self.plan_overrides = dict(options)
+            overrides = dict(self.plan_overrides)
+            measured = overrides.pop("use_selectivities", True)
             every = self.registry.entries()
             paused = self.registry.disabled()
             entries = [(q, s) for q, s in every if q.name not in paused]  # paused: no cost
             plan = build_plan([q for q, _ in entries], {q.name: s for q, s in entries},
                               self.registry.next_version(),
-                              selectivity=self.meter.selectivities(),
+                              selectivity=self.meter.selectivities() if measured else None,
                               samples=self.sampler.samples(),
-                              **self.settings.plan_options())
+                              **{**self.settings.plan_options(), **overrides})
             self._slot_queries.clear()  # a paused query's partials in flight still answer
             self._slot_queries.update({s: q for q, s in every})
             self.plan = plan

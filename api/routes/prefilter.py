@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
+from pydantic import BaseModel, Field
 
 from api.deps import CollectorDep
 
@@ -23,8 +24,22 @@ def get_prefilter(c: CollectorDep) -> dict:
     return doc
 
 
+class RebuildOptions(BaseModel):
+    bit_budget: int | None = Field(None, ge=0, le=4096, description="prefilter bits (null: "
+                                   "the configuration's planner.bit_budget)")
+    use_selectivities: bool = Field(True, description="order and compress bits by the "
+                                    "selectivities measured on the traffic so far")
+
+
 @router.post("/rebuild")
-def rebuild_prefilter(c: CollectorDep) -> dict:
-    """Recompile the registered queries into a new plan version."""
-    plan = c.rebuild()
-    return {"version": plan.version}
+def rebuild_prefilter(c: CollectorDep, options: RebuildOptions | None = None) -> dict:
+    """Recompile the registered queries into a new plan version. Options (a JSON body) stay
+    in force for later rebuilds until new options or a restart; no body: as before."""
+    opts = None
+    if options is not None:
+        opts = {"use_selectivities": options.use_selectivities}
+        if options.bit_budget is not None:
+            opts["bit_budget"] = options.bit_budget
+    plan = c.rebuild(opts)
+    return {"version": plan.version, "bits": len(plan.bits), "bit_budget": plan.bit_budget,
+            "options": c.plan_overrides}

@@ -48,12 +48,16 @@ def test_errors(client):
     r = client.post("/queries", json={"name": "bad", "sql": "SELECT ts FROM packets\n"
                                                            "WHERE nope = 1"})
     assert r.status_code == 422
-    assert r.json()["detail"]["line"] == 2 and r.json()["detail"]["column"] == 7
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.json()["line"] == 2 and r.json()["column"] == 7 and r.json()["status"] == 422
+    assert "nope" in r.json()["detail"] and r.json()["reason"]
     r = client.post("/queries", json={"name": "udp_bw", "sql": "SELECT ts FROM packets"})
-    assert r.status_code == 409
+    assert r.status_code == 409 and "exists" in r.json()["detail"]
     r = client.post("/queries", json={"name": "1bad", "sql": "SELECT ts FROM packets"})
     assert r.status_code == 422
-    assert client.get("/queries/nope").status_code == 404
+    r = client.get("/queries/nope")
+    assert r.status_code == 404 and r.json() == {"type": "about:blank", "title": "Not Found",
+                                                 "status": 404, "detail": "query not found"}
     assert client.delete("/queries/nope").status_code == 404
     assert client.get("/queries/nope/results").status_code == 404
 
@@ -143,7 +147,7 @@ def test_bad_queries_get_reasons_not_internals(client):
     def reject(sql: str) -> dict:
         r = client.post("/queries", json={"name": "x", "sql": sql})
         assert r.status_code == 422, r.text
-        return r.json()["detail"]
+        return r.json()  # problem details: reason, line and column beside the message
 
     d = reject("SELEC * FROM packets")
     assert (d["line"], d["column"]) == (1, 1) and "starts with SELECT, not 'SELEC'" in d["reason"]
@@ -158,7 +162,7 @@ def test_bad_queries_get_reasons_not_internals(client):
     # a body pydantic refuses: the reply says where and why, and does not echo it back
     r = client.post("/queries", json={"name": "x", "sql": "S" * 500_000})
     assert r.status_code == 422
-    assert len(r.content) < 1000 and r.json()["detail"][0]["loc"] == ["body", "sql"]
+    assert len(r.content) < 1000 and r.json()["errors"][0]["loc"] == ["body", "sql"]
     # past api.max_body_bytes (1 MiB) the body is not read at all
     r = client.post("/queries", json={"name": "x", "sql": "S" * 5_000_000})
     assert r.status_code == 413 and len(r.content) < 1000

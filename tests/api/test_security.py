@@ -138,3 +138,25 @@ def test_readyz_says_why_not(tmp_path):
         assert r.status_code == 503 and r.headers["content-type"] == "application/problem+json"
         assert "Spark is not running" in r.json()["detail"]
     c.stop()
+
+
+def test_rebuild_options(tmp_path):
+    """A bit budget for the next plans, from the API; a body-less rebuild keeps working."""
+    c, client = client_with(tmp_path)
+    sql = ";".join(f"SELECT ts FROM packets WHERE {w}" for w in (  # one constant per field:
+        "dst_port = 22", "src_port = 25", "ttl = 64", "protocol = 17", "icmp_type = 8"))  # bits
+    for i, q in enumerate(sql.split(";")):
+        assert client.post("/queries", json={"name": f"q{i}", "sql": q}).status_code == 201
+    wide = client.post("/prefilter/rebuild").json()
+    assert wide["bits"] > 2 and wide["options"] == {}
+    r = client.post("/prefilter/rebuild", json={"bit_budget": 2, "use_selectivities": False})
+    narrow = r.json()
+    assert narrow["bits"] == 2 == narrow["bit_budget"] and narrow["version"] > wide["version"]
+    assert client.get("/prefilter").json()["bit_budget"] == 2
+    # the options stay for later rebuilds (a registration) until new ones
+    assert client.post("/queries", json={"name": "q9", "sql": SQL}).status_code == 201
+    assert client.get("/prefilter").json()["bit_budget"] == 2
+    assert client.post("/prefilter/rebuild", json={}).json()["bit_budget"] == \
+        c.settings.planner.bit_budget
+    assert client.post("/prefilter/rebuild", json={"bit_budget": -1}).status_code == 422
+    c.stop()
