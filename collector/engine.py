@@ -219,6 +219,7 @@ class Engine:
             self.meter.observe(c.plan, tb)
         evals, moves = c.asc.evaluations, c.asc.rearrangements
         _, Q = run_prefilter(c.prefilter, tb, c.asc)
+        invoked = slot_counts(Q)  # what the prefilter let through, before the residual
         if c.asc.evaluations != evals:
             self.metrics.asc_evaluations.labels(self.stream).inc(c.asc.evaluations - evals)
         if c.asc.rearrangements != moves:
@@ -230,12 +231,14 @@ class Engine:
         keep = Q.any(axis=1)
         kept = int(keep.sum())
         self.metrics.prefilter_dropped.labels(self.stream).inc(len(tb) - kept)
-        if not kept:
-            return 0
-        matched = slot_counts(Q)
+        matched = slot_counts(Q) if c.residual else invoked
         for slot, name in c.names.items():
+            if len(tb) > invoked[slot]:
+                self.metrics.query_avoided.labels(name).inc(len(tb) - int(invoked[slot]))
             if matched[slot]:
                 self.metrics.query_matched.labels(name).inc(int(matched[slot]))
+        if not kept:
+            return 0
         # the LFTA tables pick their rows out of the whole batch (a row no query kept has an
         # empty mask); selection rows and the sample take the kept rows
         sub = None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LAG_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 
 
 class Metrics:
@@ -98,3 +100,34 @@ class Metrics:
                               registry=r)
         self.spark_batches = Counter("flowsieve_spark_batches", "Spark micro-batches completed",
                                      ["stream", "folder"], registry=r)
+        self.spark_batch_seconds = Histogram(
+            "flowsieve_spark_batch_duration_seconds", "Spark micro-batch durations (Spark's "
+            "own progress reports)", ["stream", "folder"], registry=r,
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
+        self.spark_input_rows = Counter("flowsieve_spark_input_rows",
+                                        "Spool rows Spark's micro-batches read", ["stream",
+                                                                                  "folder"],
+                                        registry=r)
+        self.query_avoided = Counter("flowsieve_query_invocations_avoided",
+                                     "Tuples of a query's stream the prefilter kept from it "
+                                     "(its bits or ASCs ruled the query out)", ["query"],
+                                     registry=r)
+        self.query_windows = Counter("flowsieve_query_windows_closed",
+                                     "Windows answered (closed and written)", ["query"],
+                                     registry=r)
+        self.query_lag = Histogram("flowsieve_query_output_lag_seconds",
+                                   "From a window's end to its answer written", ["query"],
+                                   registry=r, buckets=LAG_BUCKETS)
+        self.rebuild_seconds = Histogram("flowsieve_rebuild_duration_seconds",
+                                         "Plan rebuilds (register, delete, pause, rebuild)",
+                                         registry=r, buckets=(0.005, 0.01, 0.025, 0.05, 0.1,
+                                                              0.25, 0.5, 1, 2.5, 5))
+
+    def forget_query(self, name: str) -> None:
+        """Remove a deleted query's series (its name may come back as another query)."""
+        for m in (self.query_matched, self.result_rows, self.query_avoided,
+                  self.query_windows, self.query_lag):
+            try:
+                m.remove(name)
+            except KeyError:
+                pass

@@ -261,7 +261,7 @@ class Collector:
         """Compile the registered queries into a new plan version and hand it to the engines.
         ``options`` (``bit_budget``, ``use_selectivities``) replace the configuration's for this
         and every later rebuild until the next options or a restart."""
-        with self._rebuild_lock:
+        with self._rebuild_lock, self.metrics.rebuild_seconds.time():
             if options is not None:
                 self.plan_overrides = dict(options)
             overrides = dict(self.plan_overrides)
@@ -307,6 +307,7 @@ class Collector:
         if not self.registry.remove(name):
             return False
         self.rebuild()
+        self.metrics.forget_query(name)
         return True
 
     def queries(self) -> list[tuple[Query, int]]:

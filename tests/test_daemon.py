@@ -159,6 +159,14 @@ def test_register_query_over_http_while_running(daemon):
     assert metric(text, "flowsieve_packets_dropped_prefilter_total", 'stream="packets"') > 0
     assert httpx.get(base + "/prefilter", timeout=10).json()["version"] >= 2
     assert httpx.get(base + "/healthz", timeout=10).json()["status"] == "ok"
+    # per-query dashboard metrics: windows answered and their lag, Spark's own batch reports
+    assert metric(text, "flowsieve_query_windows_closed_total", 'query="netbios"') > 0
+    assert metric(text, "flowsieve_query_output_lag_seconds_count", 'query="netbios"') == \
+        metric(text, "flowsieve_query_windows_closed_total", 'query="netbios"')
+    assert metric(text, "flowsieve_query_invocations_avoided_total", 'query="netbios"') > 0
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("flowsieve_spark_input_rows_total{")) > 0
+    assert metric(text, "flowsieve_rebuild_duration_seconds_count") >= 2
     ready = httpx.get(base + "/readyz", timeout=10)  # Spark and the followed file source run
     assert ready.status_code == 200, ready.text
     assert ready.json()["sources"] and set(ready.json()["sources"].values()) <= {"running",

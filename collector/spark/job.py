@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import SparkConf, SparkContext
 from pyspark.java_gateway import launch_gateway
 from pyspark.sql import DataFrame, SparkSession
@@ -187,6 +188,7 @@ class SparkJob:
         self.errors: list[str] = []  # the latest failures, newest last
         self._failed: dict[tuple[str, str], tuple[float, int]] = {}  # -> (retry at, attempts)
         self.timings: dict[str, float] = {}  # batch jobs: Spark's merge, the driver's answers
+        self._seen_batch: dict[tuple[str, str], int] = {}  # progress reports counted
 
     def _sink(self, stream: str, folder: str):
         def write_batch(batch_df: DataFrame, batch_id: int) -> None:
@@ -202,11 +204,19 @@ class SparkJob:
             parts = selection_parts(table, self._resolver(stream, folder))
         else:
             parts = query_partials(stream, table, self._resolver(stream, folder))
+        now = time.time()
         for q, part in parts:
             answer = project_selection(q, part) if q.is_selection else finalize(q, part)
             write_results(self.results_root, q.name, f"{stream}-{folder}-{batch_id:010d}",
                           answer)
             self.metrics.result_rows.labels(q.name).inc(answer.num_rows)
+            if q.period is not None and "window_start" in answer.column_names and \
+                    answer.num_rows:
+                starts = pc.unique(pc.cast(answer.column("window_start"), pa.int64()))
+                self.metrics.query_windows.labels(q.name).inc(len(starts))
+                lag = self.metrics.query_lag.labels(q.name)
+                for ws in starts.to_pylist():
+                    lag.observe(max(0.0, now - ws / 1e6 - q.period))
 
     def _resolver(self, stream: str, folder: str) -> Resolver:
         def resolve(slot: int) -> Query | None:
@@ -301,6 +311,7 @@ class SparkJob:
         spooling (the spool is bounded)."""
         now = time.monotonic()
         for key, sq in list(self.queries.items()):
+            self._progress(key, sq)
             if sq.isActive:
                 if key in self._failed and sq.lastProgress is not None:
                     del self._failed[key]  # it ran a batch again
@@ -325,6 +336,25 @@ class SparkJob:
                                          attempts + 1)
         self.metrics.spark_up.set(int(bool(self.queries) and
                                       all(sq.isActive for sq in self.queries.values())))
+
+    def _progress(self, key: tuple[str, str], sq) -> None:
+        """Spark's progress reports of a streaming query since the last look: batch durations
+        and input rows into the metrics."""
+        try:
+            reports = sq.recentProgress
+        except Exception:  # noqa: BLE001 - a stopped query's JVM side may be gone
+            return
+        seen = self._seen_batch.get(key, -1)
+        for rep in reports:
+            bid = rep.get("batchId", -1)
+            if bid <= seen:
+                continue
+            seen = bid
+            self.metrics.spark_input_rows.labels(*key).inc(rep.get("numInputRows", 0))
+            ms = (rep.get("durationMs") or {}).get("triggerExecution")
+            if ms is not None:
+                self.metrics.spark_batch_seconds.labels(*key).observe(ms / 1000)
+        self._seen_batch[key] = seen
 
     def stop(self) -> None:
         for sq in list(self.queries.values()):

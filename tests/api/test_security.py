@@ -160,3 +160,24 @@ def test_rebuild_options(tmp_path):
         c.settings.planner.bit_budget
     assert client.post("/prefilter/rebuild", json={"bit_budget": -1}).status_code == 422
     c.stop()
+
+
+def test_a_deleted_querys_series_disappear(tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+    c, client = client_with(tmp_path)
+    with client:
+        assert client.post("/queries", json={"name": "gone", "sql": SQL}).status_code == 201
+        for m in (c.metrics.query_matched, c.metrics.query_avoided, c.metrics.query_windows,
+                  c.metrics.result_rows):
+            m.labels("gone").inc()
+        c.metrics.query_lag.labels("gone").observe(3)
+
+        def series() -> set:
+            return {s.labels.get("query") for f in text_string_to_metric_families(
+                client.get("/metrics").text) for s in f.samples}
+        assert "gone" in series()
+        assert client.delete("/queries/gone").status_code == 204
+        assert "gone" not in series()
+        text = client.get("/metrics").text
+        assert "flowsieve_rebuild_duration_seconds_count 3.0" in text  # start, add, delete
+    c.stop()

@@ -207,3 +207,36 @@ def test_address_validity_is_per_field_in_flow_records():
             assert np.array_equal(got.astype(bool), want), (qp.query.text, min_constants)
             if "next_hop" in qp.query.text:  # NULL makes every test false
                 assert not got[::2].any() and got[1::2].any()
+
+
+def test_invocations_avoided_and_matched_add_up_to_the_tuples():
+    """Per query, the engine counts the tuples the prefilter kept from it and the tuples that
+    matched; with every predicate in the prefilter (no residual) they add up to the tuples read,
+    and the matches equal dpkt's count of the WHERE clause."""
+    import tempfile
+
+    from collector.engine import Engine
+    from collector.metrics import Metrics
+    from collector.spool import Spool
+    sql = {"udp": "protocol = 17", "dns": "protocol = 17 AND dst_port = 53",
+           "web": "protocol = 6 AND dst_port IN (80, 443)"}
+    with tempfile.TemporaryDirectory() as d:
+        plan = build_plan(parse_queries("\n".join(
+            f"-- name: {n}\nSELECT time/60 AS t, count(*) AS c FROM packets WHERE {w} "
+            "GROUP BY time/60;" for n, w in sql.items())))
+        assert not any(qp.residual for qp in plan.queries)
+        m = Metrics()
+        engine = Engine(Spool(d), "packets", m)
+        engine.set_plan(plan)
+        path = capture("wikipedia.pcap")
+        for raw in open_capture(path, batch_size=100):
+            engine.process(raw, "t")
+        ref = packets(path)
+        for name in sql:
+            matched = m.query_matched.labels(name)._value.get()
+            avoided = m.query_avoided.labels(name)._value.get()
+            assert matched + avoided == len(ref)
+        assert m.query_matched.labels("udp")._value.get() == \
+            sum(p["protocol"] == 17 for p in ref)
+        assert m.query_matched.labels("web")._value.get() == \
+            sum(p["protocol"] == 6 and p["dst_port"] in (80, 443) for p in ref)
