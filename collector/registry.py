@@ -33,6 +33,7 @@ class Registry:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.slot_hold_s = slot_hold_s
+        self._parsed: dict[tuple[str, str], Query] = {}  # (name, text) -> parsed query
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(self.path), check_same_thread=False)
         self._db.executescript(SCHEMA)
@@ -97,8 +98,13 @@ class Registry:
             rows = self._db.execute("SELECT name, text, slot FROM queries ORDER BY slot").fetchall()
         out = []
         for name, text, slot in rows:
-            q = parse_query(text, name)
+            q = self._parsed.get((name, text))
+            if q is None:  # parsing is most of a rebuild's time at 1,000 queries
+                q = self._parsed[name, text] = parse_query(text, name)
             out.append((q, slot))
+        if len(self._parsed) > 2 * len(rows) + 64:  # forget deleted ones
+            live = {(name, text) for name, text, _ in rows}
+            self._parsed = {k: v for k, v in self._parsed.items() if k in live}
         return out
 
     def next_version(self) -> int:

@@ -128,30 +128,68 @@ def _representative(constants: list[int], r: int, kind: str) -> int | None:
 def build_asc(attribute: str, stream: str, preds: dict[int, Predicate],
               uses: dict[int, list[int]]) -> ASC:
     """The ASC of ``attribute`` over predicates (id -> predicate) and, per slot, the ids of its
-    predicates on this attribute."""
+    predicates on this attribute. Each region's qrb holds the slots whose predicates all hold
+    on a value of the region (an empty region, say between two adjacent integers, holds none).
+
+    An atom's truth can change only at its own constants, so it is evaluated once per own
+    constant and once per stretch between them, as a bitset over the regions; a predicate is
+    the OR of its atoms', a slot the AND of its predicates' (planner/reference.py keeps the
+    direct evaluation, region by region, that tests compare against)."""
     kind = "ip" if fields(stream)[attribute].kind == IP else "int"
     constants = sorted({c for p in preds.values() for a in p.atoms for c in a.constants()})
+    m = len(constants)
+    n_regions = 2 * m + 2
+    reps = [_representative(constants, r, kind) for r in range(2 * m + 1)]
+    every = (1 << n_regions) - 1
+    nonempty = every
+    for r, v in enumerate(reps):
+        if v is None:
+            nonempty &= ~(1 << r)
+    position = {c: i for i, c in enumerate(constants)}
+
+    def stretch(lo: int, hi: int, atom) -> int:
+        """Regions lo..hi (inclusive) where no own constant of ``atom`` lies: one truth."""
+        if lo > hi:
+            return 0
+        v = next((reps[r] for r in range(lo, hi + 1) if reps[r] is not None), None)
+        return ((1 << (hi - lo + 1)) - 1) << lo if v is not None and atom.holds(v) else 0
+
+    def atom_mask(atom) -> int:
+        own = sorted({position[c] for c in atom.constants()})
+        mask, lo = 0, 0
+        for i in own:
+            mask |= stretch(lo, 2 * i, atom)
+            if atom.holds(constants[i]):
+                mask |= 1 << (2 * i + 1)
+            lo = 2 * i + 2
+        return mask | stretch(lo, 2 * m, atom)  # the NULL region (2m + 1) never holds
+
+    pred_mask = dict.fromkeys(preds, 0)
+    for pid, p in preds.items():
+        for a in p.atoms:
+            pred_mask[pid] |= atom_mask(a)
+    qrb = [0] * n_regions
     slots = sorted(uses)
-    qrb = []
-    for r in range(2 * len(constants) + 2):
-        v = None if r == 2 * len(constants) + 1 else _representative(constants, r, kind)
-        empty = v is None and r != 2 * len(constants) + 1
-        mask = 0
-        for s in slots:
-            ok = not empty and all(any(a.holds(v) for a in preds[pid].atoms) for pid in uses[s])
-            mask |= ok << s
-        qrb.append(mask)
+    for s in slots:
+        mask = every & nonempty
+        for pid in uses[s]:
+            mask &= pred_mask[pid]
+        while mask:
+            low = mask & -mask
+            qrb[low.bit_length() - 1] |= 1 << s
+            mask ^= low
     return ASC(attribute, stream, kind, constants, sorted(preds), slots, qrb)
 
 
 def add_candidate_arrows(ascs: list[ASC], all_slots: int) -> None:
     """cab: from region r of ASC i, the ASCs j that can still fail a query (qrb & qub_j != 0).
     ``all_slots`` is the mask of every slot (queries without the attribute pass region r)."""
+    qubs = [a.qub for a in ascs]
     for i, a in enumerate(ascs):
         a.cab = []
         for q in a.qrb:
-            passing = q | (all_slots & ~a.qub)
-            a.cab.append([j for j, b in enumerate(ascs) if j != i and passing & b.qub])
+            passing = q | (all_slots & ~qubs[i])
+            a.cab.append([j for j, b in enumerate(qubs) if j != i and passing & b])
 
 
 # ------------------------------------------------------------------------ sample evaluation

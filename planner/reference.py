@@ -163,3 +163,23 @@ def exact_cover(m: Matrix, time_limit: float = 60.0) -> list[Rect] | None:
     if res.x is None or res.status not in (0,):
         return None
     return [r for r, x in zip(rects, res.x, strict=True) if x > 0.5]
+
+
+def build_asc_qrb(attribute: str, stream: str, preds: dict, uses: dict[int, list[int]]
+                  ) -> list[int]:
+    """qrb of an ASC by direct evaluation: every slot's predicates on a representative value of
+    every region (what ``planner.asc.build_asc`` computes with bitsets)."""
+    from capture.fields import IP, fields
+    from planner.asc import _representative
+    kind = "ip" if fields(stream)[attribute].kind == IP else "int"
+    constants = sorted({c for p in preds.values() for a in p.atoms for c in a.constants()})
+    qrb = []
+    for r in range(2 * len(constants) + 2):
+        v = None if r == 2 * len(constants) + 1 else _representative(constants, r, kind)
+        empty = v is None and r != 2 * len(constants) + 1
+        mask = 0
+        for s in sorted(uses):
+            ok = not empty and all(any(a.holds(v) for a in preds[pid].atoms) for pid in uses[s])
+            mask |= ok << s
+        qrb.append(mask)
+    return qrb

@@ -184,3 +184,49 @@ def rt_dropped(cp, tb) -> int:
 def Q0_of(cp, tb):
     """The query mask before the ASCs (this workload has no bits: every slot)."""
     return np.full((len(tb), cp.q_words), (1 << cp.n_slots) - 1, dtype=np.uint64)
+
+
+def test_region_bitsets_equal_direct_evaluation():
+    """build_asc's bitsets (an atom evaluated once per own constant and stretch) give the qrb
+    of evaluating every slot's predicates on every region's representative, over seeded random
+    predicate sets: points, sets, ranges, negations, IP prefixes, adjacent integers (empty
+    gaps), slots with several predicates and NULL."""
+    from planner.asc import build_asc
+    from planner.query import parse_queries
+    from planner.reference import build_asc_qrb
+    rng = np.random.default_rng(7)
+
+    def int_atom():
+        c = sorted(int(x) for x in rng.choice(40, 3, replace=False))
+        return str(rng.choice([
+            f"dst_port = {c[0]}", f"dst_port != {c[0]}", f"dst_port < {c[0]}",
+            f"dst_port <= {c[0]}", f"dst_port > {c[0]}", f"dst_port >= {c[0]}",
+            f"dst_port IN ({c[0]}, {c[1]}, {c[2]})", f"dst_port NOT IN ({c[0]}, {c[1]})",
+            f"dst_port BETWEEN {c[0]} AND {c[2]}", f"dst_port NOT BETWEEN {c[0]} AND {c[1]}"]))
+
+    def ip_atom():
+        n = int(rng.integers(0, 4))
+        length = int(rng.choice([8, 16, 24, 32]))
+        neg = "NOT " if rng.random() < 0.2 else ""
+        return f"{neg}in_prefix(dst_ip, '10.{n}.{n * 3 % 4}.0/{length}')" if length < 32 \
+            else str(rng.choice([f"dst_ip = '10.0.0.{n}'", f"dst_ip != '10.0.0.{n}'"]))
+
+    for trial in range(60):
+        make = int_atom if trial % 2 else ip_atom
+        field = "dst_port" if trial % 2 else "dst_ip"
+        wheres = []
+        for _ in range(int(rng.integers(1, 9))):
+            preds = [" OR ".join(make() for _ in range(int(rng.integers(1, 3))))
+                     for _ in range(int(rng.integers(1, 3)))]
+            wheres.append(" AND ".join(f"({p})" for p in preds))
+        queries = parse_queries(";".join(f"SELECT ts FROM packets WHERE {w}" for w in wheres))
+        preds, uses = {}, {}
+        for slot, q in enumerate(queries):
+            for p in q.predicates:
+                assert p.fields == (field,) or list(p.fields) == [field]
+                pid = len(preds)
+                preds[pid] = p
+                uses.setdefault(slot, []).append(pid)
+        uses[len(queries)] = []  # a query without a predicate on the attribute
+        asc = build_asc(field, "packets", preds, uses)
+        assert asc.qrb == build_asc_qrb(field, "packets", preds, uses), wheres
