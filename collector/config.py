@@ -168,7 +168,8 @@ class SourceConfig(BaseModel):
     path: str = Field(default_factory=lambda: data_file("sample.pcap"))
     loop: bool = True
     restamp: bool = Field(True, description="shift times so each loop replays at the current "
-                          "time, at the capture's own pace")
+                          "time, at the capture's own pace (a followed file keeps its own, "
+                          "live times)")
     follow: bool = Field(False, description="keep reading the file as it grows (tcpdump -w)")
     # type interface
     interface: str | None = Field(None, description="Linux interface (AF_PACKET, TPACKET_V3)")

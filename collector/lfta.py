@@ -390,12 +390,13 @@ class NodeTable:
     def _columns(self, tb) -> tuple[np.ndarray, ...]:
         """A batch's key and measure columns as ``merge_tuples`` reads them."""
         n = len(tb)
-        ints = [tb.column(k) for k, kind in zip(self.keys, self.layout.kinds, strict=True)
-                if kind != IP]
-        ips = [tb.column(k) for k, kind in zip(self.keys, self.layout.kinds, strict=True)
-               if kind == IP]
-        ip_ok = [tb.ip_valid(k) for k, kind in zip(self.keys, self.layout.kinds, strict=True)
-                 if kind == IP]
+        ints, ips, ip_ok = [], [], []
+        for k, kind in zip(self.keys, self.layout.kinds, strict=True):
+            if kind == IP:
+                ips.append(tb.column(k))
+                ip_ok.append(tb.ip_valid(k))
+            else:
+                ints.append(tb.column(k))
         return (np.array(ints, np.int64).reshape(len(ints), n),
                 np.array(ips, np.uint8).reshape(len(ips), n, 16),
                 np.array(ip_ok, np.bool_).reshape(len(ips), n), self._kinds,

@@ -45,7 +45,8 @@ def source_type(name: str) -> Callable[[SourceBuilder], SourceBuilder]:
 class PcapFileSource:
     """A pcap or pcapng file read once, followed as it grows (``tcpdump -w FILE``), or looped:
     each loop is re-stamped so that it replays at the current time and at the capture's own
-    pace (results keep coming, windows keep closing)."""
+    pace (results keep coming, windows keep closing). A followed file keeps its own times
+    (they are live); ``restamp`` then only means live time (heartbeats)."""
 
     def __init__(self, path: str, name: str = "pcap", loop: bool = False, restamp: bool = False,
                  batch_size: int = 65536, tick_s: float = 0.2, follow: bool = False):
@@ -62,7 +63,7 @@ class PcapFileSource:
                                                 stop=stop)
             shift = None
             for raw in reader:
-                if not self.restamp:
+                if not self.restamp or self.follow:  # a followed file's times are live already
                     yield raw
                     continue
                 if shift is None and len(raw):

@@ -144,6 +144,11 @@ def query_results(
     except CursorError as e:
         raise HTTPException(400, str(e)) from e
     headers = {"X-Next-Cursor": nxt} if nxt else {}
+    if format == "parquet":  # the answer table as written, no row conversion
+        buf = io.BytesIO()
+        pq.write_table(table, buf)
+        return Response(buf.getvalue(), media_type=PARQUET, headers={
+            **headers, "Content-Disposition": f'attachment; filename="{name}.parquet"'})
     rows = rows_of(q, table)
     columns = [o.name for o in q.outputs]
     if format == "csv":
@@ -152,9 +157,4 @@ def query_results(
         w.writeheader()
         w.writerows(rows)
         return Response(out.getvalue(), media_type="text/csv", headers=headers)
-    if format == "parquet":
-        buf = io.BytesIO()
-        pq.write_table(table, buf)
-        return Response(buf.getvalue(), media_type=PARQUET, headers={
-            **headers, "Content-Disposition": f'attachment; filename="{name}.parquet"'})
     return ResultsPublic(name=name, columns=columns, rows=rows, next_cursor=nxt)

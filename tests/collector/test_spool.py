@@ -35,3 +35,31 @@ def test_block_without_a_consumer_is_an_error(tmp_path):
     spool.write("packets", "60", row)  # the first write finds room
     with pytest.raises(SpoolFull, match="reached spool.max_bytes"):
         spool.write("packets", "60", row)
+
+
+def test_a_followed_file_keeps_its_own_times(tmp_path):
+    """`restamp` (on by default) shifts a looped capture to the current time; a followed file
+    (tcpdump -w) is live already, so its packets keep the times written in it (scapy reads
+    them), or a window could move as late as the daemon reads the file."""
+    import shutil
+    import threading
+
+    from scapy.utils import RawPcapReader
+
+    from collector.config import SourceConfig
+    from collector.sources import make_source
+    from tests.conftest import capture
+    path = tmp_path / "live.pcap"
+    shutil.copy(capture("ok.pcap"), path)
+    cfg = SourceConfig(name="live", path=str(path), follow=True, loop=False)
+    assert cfg.restamp  # the default
+    src = make_source(cfg, 4096, lambda st: None, tmp_path)
+    stop = threading.Event()
+    got = []
+    for raw in src.batches(stop):
+        if raw is not None:
+            got.extend(raw.ts_ns.tolist())
+        if len(got) >= 851:
+            stop.set()
+    want = [meta.sec * 10**9 + meta.usec * 1000 for _, meta in RawPcapReader(str(path))]
+    assert got == want
