@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -90,4 +91,45 @@ def create_app(collector: Collector, manage: bool = False) -> FastAPI:
             return problem(503, "; ".join(reasons))
         return JSONResponse({"status": "ready", "sources": dict(c.source_state)})
 
+    app.openapi = lambda: _openapi(app)
     return app
+
+
+PROBLEM_SCHEMA = {
+    "title": "Problem", "type": "object", "additionalProperties": True,
+    "description": "RFC 9457 problem details; a query error adds reason, line and column, "
+                   "an invalid request adds errors",
+    "required": ["type", "title", "status", "detail"],
+    "properties": {"type": {"type": "string"}, "title": {"type": "string"},
+                   "status": {"type": "integer"}, "detail": {"type": "string"},
+                   "reason": {"type": "string"}, "line": {"type": "integer"},
+                   "column": {"type": "integer"}, "errors": {"type": "array"}}}
+# what any route may answer: the guard (401/403/411/413) and the request's validation (422)
+COMMON_ERRORS = {"401": "no or an unknown bearer token",
+                 "403": "the token's scope or the request's origin does not allow this",
+                 "411": "a body without Content-Length", "413": "the body is too large",
+                 "422": "the request is not valid"}
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's schema, with every error documented as it is sent: problem details in
+    ``application/problem+json`` (FastAPI documents its own 422 body in JSON)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    doc = get_openapi(title=app.title, version=app.version, description=app.description,
+                      routes=app.routes)
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    schemas["Problem"] = PROBLEM_SCHEMA
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)
+    content = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    for path in doc.get("paths", {}).values():
+        for op in path.values():
+            responses = op.setdefault("responses", {})
+            for code, text in COMMON_ERRORS.items():
+                responses.setdefault(code, {"description": text})
+            for code, r in responses.items():
+                if code.startswith(("4", "5")):
+                    r["content"] = content
+    app.openapi_schema = doc
+    return doc

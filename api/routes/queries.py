@@ -50,6 +50,7 @@ class ResultsPublic(BaseModel):
 
 
 PARQUET = "application/vnd.apache.parquet"
+NOT_FOUND = {404: {"description": "no query of that name"}}
 
 
 def _public(c, q, slot) -> QueryPublic:
@@ -65,7 +66,11 @@ def _public(c, q, slot) -> QueryPublic:
                        signature=qp.signature if qp else [], residual=qp.residual if qp else [])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=QueryPublic)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=QueryPublic,
+             responses={409: {"description": "a query of that name exists"},
+                        422: {"description": "the SQL is not a valid query (reason, line, "
+                                             "column)"},
+                        429: {"description": "api.max_queries are registered"}})
 def create_query(body: QueryCreate, c: CollectorDep) -> QueryPublic:
     """Register a query; the prefilter is rebuilt and the engine takes it between batches.
     Past ``api.max_queries`` registered queries: 429."""
@@ -90,7 +95,7 @@ def list_queries(c: CollectorDep) -> list[QueryPublic]:
     return [_public(c, q, slot) for q, slot in c.queries()]
 
 
-@router.get("/{name}", response_model=QueryPublic)
+@router.get("/{name}", response_model=QueryPublic, responses=NOT_FOUND)
 def get_query(name: str, c: CollectorDep) -> QueryPublic:
     """One registered query."""
     found = c.query(name)
@@ -99,7 +104,7 @@ def get_query(name: str, c: CollectorDep) -> QueryPublic:
     return _public(c, *found)
 
 
-@router.patch("/{name}", response_model=QueryPublic)
+@router.patch("/{name}", response_model=QueryPublic, responses=NOT_FOUND)
 def patch_query(name: str, body: QueryPatch, c: CollectorDep) -> QueryPublic:
     """Pause (``{"enabled": false}``) or resume a query; a new plan version either way."""
     if not c.set_enabled(name, body.enabled):
@@ -107,7 +112,7 @@ def patch_query(name: str, body: QueryPatch, c: CollectorDep) -> QueryPublic:
     return _public(c, *c.query(name))
 
 
-@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, responses=NOT_FOUND)
 def delete_query(name: str, c: CollectorDep) -> None:
     """Unregister a query; its slot is held until no spool file can reference it."""
     if not c.delete(name):
@@ -115,7 +120,9 @@ def delete_query(name: str, c: CollectorDep) -> None:
 
 
 @router.get("/{name}/results", response_model=ResultsPublic,
-            responses={200: {"content": {"text/csv": {}, PARQUET: {}}}})
+            responses={200: {"content": {"text/csv": {}, PARQUET: {}}},
+                       400: {"description": "the cursor is not one this route gave"},
+                       **NOT_FOUND})
 def query_results(
         name: str, c: CollectorDep,
         windows: Annotated[int | None, Query(ge=1, le=100_000, description="only the latest "
