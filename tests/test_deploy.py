@@ -1,5 +1,8 @@
 """deploy/: the image lints clean (hadolint), runs unprivileged, exposes the API and the flow
-ports the collector listens on, and its configuration needs the token that compose passes."""
+ports the collector listens on, and its configuration needs the token that compose passes. The
+compose file conforms to the Compose Specification's schema and names only paths, ports and
+commands the image has; every PromQL expression of the Grafana dashboard names metrics (and
+labels) the daemon exports."""
 
 from __future__ import annotations
 
@@ -18,7 +21,10 @@ from collector.config import load_settings
 from tests.conftest import need
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+DEPLOY = ROOT / "deploy"
+DOCKERFILE = DEPLOY / "Dockerfile"
+COMPOSE_SCHEMA = ROOT / "tests" / "data" / "compose-spec" / "compose-spec.json"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "flowsieve.json"
 
 
 def hadolint() -> str:
@@ -58,23 +64,48 @@ def test_container_config_needs_the_token_compose_passes(monkeypatch):
         (ROOT / "deploy" / "docker-compose.yml").read_text()
 
 
+def v5_now(template: bytes, seq: int, now: float) -> bytes:
+    """A NetFlow v5 datagram with the records of ``template`` (a real export), every flow
+    starting and ending at ``now``: sys_uptime and the records' first/last made equal."""
+    import struct
+    d = bytearray(template)
+    uptime = struct.unpack_from(">I", d, 4)[0]
+    struct.pack_into(">III", d, 8, int(now), int(now % 1 * 1e9), seq)
+    for i in range(struct.unpack_from(">H", d, 2)[0]):
+        struct.pack_into(">II", d, 24 + 48 * i + 24, uptime, uptime)
+    return bytes(d)
+
+
 @pytest.mark.slow
 def test_the_containers_command_line(tmp_path):
     """The image's command (`flowsieve run --config /etc/flowsieve/config.yaml`) outside Docker,
-    on deploy/config.docker.yaml with its paths moved to a temporary folder (and a small Spark):
-    it binds every interface with the token, serves /readyz, answers a query registered with
-    the token, and stops cleanly within 10 s of SIGTERM."""
+    on deploy/config.docker.yaml with its paths moved to a temporary folder, its flow ports to
+    a free one on 127.0.0.1 (and a small local Spark): it binds every interface with the token,
+    serves /readyz, answers a flows query registered with the token (every closed window after
+    the first equals the NetFlow v5 records sent to it), exports the per-query series the
+    dashboard reads, and stops cleanly within 10 s of SIGTERM."""
     import os
     import signal
+    import socket
+    import struct
+    import threading
+    from collections import Counter
 
     import httpx
     import yaml
 
+    from tests.capture.test_netflow import HEX
+    from tests.flowtools import read_hex
     from tests.test_daemon import free_port, wait_for
-    doc = yaml.safe_load((ROOT / "deploy" / "config.docker.yaml").read_text())
+    doc = yaml.safe_load((DEPLOY / "config.docker.yaml").read_text())
     port = free_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        flow_port = s.getsockname()[1]
     doc["var_dir"] = str(tmp_path / "var")
     doc["api"]["port"] = port
+    assert [src["type"] for src in doc["sources"]] == ["netflow"]
+    doc["sources"][0]["listen"] = [f"127.0.0.1:{flow_port}"]
     doc["spark"] = {"master": "local[2]", "driver_memory": "1g", "shuffle_partitions": 2,
                     "trigger_s": 1}
     cfg = tmp_path / "config.yaml"
@@ -86,25 +117,272 @@ def test_the_containers_command_line(tmp_path):
                             env={**os.environ, "FLOWSIEVE_API__TOKEN": token,
                                  "PYTHONUNBUFFERED": "1"})
     base = f"http://127.0.0.1:{port}"
+    template = read_hex(HEX / "PACKET_V5.hex")[0]
+    per_record = [struct.unpack_from(">I", template, 24 + 48 * i + 16)[0]
+                  for i in range(struct.unpack_from(">H", template, 2)[0])]
+    sent: Counter = Counter()  # window -> records; packets follow from per_record
+    stop = threading.Event()
+
+    def export():
+        seq = 0
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            while not stop.is_set():
+                now = time.time()
+                s.sendto(v5_now(template, seq, now), ("127.0.0.1", flow_port))
+                sent[int(now) // 5] += 1
+                seq += len(per_record)
+                stop.wait(0.25)
+    sender = threading.Thread(target=export, daemon=True)
     try:
         wait_for(lambda: httpx.get(base + "/readyz", timeout=5).status_code == 200, 240,
                  "/readyz")
-        q = {"name": "per5s", "sql": "SELECT time/5 AS t, count(*) AS n FROM packets "
-                                     "GROUP BY time/5"}
+        q = {"name": "per5s", "sql": "SELECT time/5 AS t, count(*) AS n, sum(packets) AS p "
+                                     "FROM flows GROUP BY time/5"}
         assert httpx.post(base + "/queries", json=q, timeout=30).status_code == 401
         r = httpx.post(base + "/queries", json=q, timeout=30,
                        headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 201, r.text
-        rows = wait_for(lambda: httpx.get(base + "/queries/per5s/results",
-                                          timeout=10).json()["rows"], 120, "per5s answers")
-        assert all(row["n"] > 0 for row in rows)
+        sender.start()
+        rows = wait_for(lambda: [r for r in httpx.get(
+            base + "/queries/per5s/results?order=oldest", timeout=10).json()["rows"]
+            if r["t"] > min(sent)] or None, 120, "per5s answers after its first window")
+        for row in rows:
+            assert (row["n"], row["p"]) == (len(per_record) * sent[row["t"]],
+                                            sum(per_record) * sent[row["t"]]), row
+        text = httpx.get(base + "/metrics", timeout=10).text
+        for series in ("flowsieve_query_tuples_matched_total", "flowsieve_query_result_rows_total",
+                       "flowsieve_query_windows_closed_total",
+                       "flowsieve_query_output_lag_seconds_bucket"):
+            assert f'{series}{{' in text and 'query="per5s"' in text, series
+        stop.set()
+        sender.join(10)
         t = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) in (0, -signal.SIGTERM)
         assert time.monotonic() - t < 10
     finally:
+        stop.set()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         log.close()
     assert token not in (tmp_path / "daemon.log").read_text()  # never logged
+
+def compose() -> dict:
+    import yaml
+    return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())  # anchors merged
+
+
+def dockerfile_facts() -> dict:
+    """What the runtime stage of the image has: exposed ports, folders it creates (owned by
+    its user), environment, entrypoint and command."""
+    import json
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    runtime = text[text.rindex("\nFROM "):]
+    env = dict(re.findall(r"(\w+)=(\S+)", " ".join(re.findall(r"^ENV (.+)$", runtime, re.M))))
+    made = {str(p) for line in re.findall(r"mkdir -p ([^&]+)", runtime) for d in line.split()
+            for p in (Path(d), *Path(d).parents)}  # with the parents mkdir -p makes
+    owned = {d for line in re.findall(r"chown -R \S+ ([^&]+)", runtime) for d in line.split()}
+    return {"exposed": {p for line in re.findall(r"^EXPOSE (.+)$", runtime, re.M)
+                        for p in line.split()},
+            "folders": {d for d in made if any(d == o or d.startswith(o + "/") for o in owned)},
+            "env": env, "from": re.search(r"^FROM (\S+)", runtime, re.M).group(1),
+            "entrypoint": json.loads(re.search(r"^ENTRYPOINT (.+)$", runtime, re.M).group(1)),
+            "cmd": json.loads(re.search(r"^CMD (.+)$", runtime, re.M).group(1)),
+            "copied": {dst: src for src, dst in
+                           re.findall(r"^COPY (?!--)(\S+) (\S+)$", runtime, re.M)}}
+
+
+def test_compose_conforms_to_the_compose_specification():
+    import copy
+    import json
+
+    import jsonschema
+    schema = json.loads(COMPOSE_SCHEMA.read_text())
+    # the schema names draft 2019-09 by a URI jsonschema does not know: say it here
+    assert "draft/2019-09" in schema["$schema"]
+    validator = jsonschema.Draft201909Validator(schema)
+    doc = compose()
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+              for e in validator.iter_errors(doc)]
+    assert not errors, errors
+    # the schema does reject what compose would: the check is not vacuous
+    bad = copy.deepcopy(doc)
+    bad["services"]["flowsieve"]["portz"] = ["8080:8080"]
+    bad["services"]["grafana"]["depends_on"] = "prometheus"
+    assert len(list(validator.iter_errors(bad))) == 2
+
+
+def test_compose_services_cover_the_stack():
+    doc = compose()
+    assert set(doc["services"]) == {"flowsieve", "spark-master", "spark-worker", "prometheus",
+                                    "grafana"}
+    fs = doc["services"]["flowsieve"]
+    assert {"NET_RAW", "NET_ADMIN"} <= set(fs["cap_add"])
+    assert "# network_mode: host" in (DEPLOY / "docker-compose.yml").read_text()
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in fs["volumes"]}
+    state = load_settings(DEPLOY / "config.docker.yaml")
+    # named volumes for the registry (and templates), spool, results and checkpoints
+    assert {str(state.var_dir), str(state.spool_dir), str(state.results_dir),
+            str(state.checkpoint_dir)} == set(mounts)
+    assert set(mounts.values()) <= set(doc["volumes"])
+    assert state.registry_path.parent == state.var_dir
+
+
+def test_compose_names_only_what_the_image_has(monkeypatch):
+    """Every port, path and command of the services run from the flowsieve image exists in
+    it: ports exposed, folders created and owned by its user, the configuration's ports equal
+    the published ones, the Spark launcher and its classes and options present in the pyspark
+    it installs; the other services' files exist in deploy/."""
+    import zipfile
+    from urllib.parse import urlsplit
+
+    import pyspark
+    import yaml
+    doc = compose()
+    image = dockerfile_facts()
+    services = doc["services"]
+    own = {n: s for n, s in services.items() if s.get("image") == "flowsieve:latest"}
+    assert set(own) == {"flowsieve", "spark-master", "spark-worker"}
+    for name, svc in own.items():
+        assert svc["build"]["dockerfile"] == "deploy/Dockerfile"
+        assert (DEPLOY / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
+        for port in svc.get("ports", []):
+            target, _, proto = port.rsplit(":", 1)[-1].partition("/")
+            assert f"{target}/{proto or 'tcp'}" in image["exposed"], (name, port)
+        for vol in svc.get("volumes", []):
+            assert vol.split(":")[1] in image["folders"], (name, vol)
+    # the collector: the image's command and configuration, the ports it listens on
+    assert "entrypoint" not in own["flowsieve"] and "command" not in own["flowsieve"]
+    assert image["entrypoint"] == ["flowsieve"] and image["cmd"][:2] == ["run", "--config"]
+    assert image["copied"][image["cmd"][2]] == "deploy/config.docker.yaml"
+    env = {k: str(v) for k, v in own["flowsieve"]["environment"].items()}
+    env["FLOWSIEVE_API__TOKEN"] = "a-token-of-the-operator-0123"
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    settings = load_settings(DEPLOY / "config.docker.yaml")
+    published = {p.rsplit(":", 1)[-1] for p in own["flowsieve"]["ports"]}
+    assert f"{settings.api.port}" in published
+    listen = {f"{a.rsplit(':', 1)[1]}/udp" for s in settings.sources for a in s.listen}
+    assert listen == {p for p in published if p.endswith("/udp")} == \
+        {f"{p}/udp" for p in DEFAULT_FLOW_PORTS}
+    master = urlsplit(settings.spark.master)
+    assert master.scheme == "spark" and master.hostname in services
+    assert settings.spark.extra["spark.driver.host"] == "flowsieve"
+    for d in (settings.var_dir, settings.spool_dir, settings.results_dir,
+              settings.checkpoint_dir):
+        assert str(d) in image["folders"]
+    # Spark from the same image: spark-class is a script pyspark installs beside python
+    # (/usr/local/bin in the image), SPARK_HOME is the folder pip puts pyspark in
+    version = re.match(r"python:(\d+\.\d+)", image["from"]).group(1)
+    assert image["env"]["SPARK_HOME"] == f"/usr/local/lib/python{version}/site-packages/pyspark"
+    assert f"{sys.version_info.major}.{sys.version_info.minor}" == version
+    home = Path(pyspark.__file__).parent
+    assert (home / "bin" / "spark-class").is_file()
+    assert Path(sys.executable).with_name("spark-class").is_file()
+    core = zipfile.ZipFile(next((home / "jars").glob("spark-core_*.jar")))
+    for name in ("spark-master", "spark-worker"):
+        svc = own[name]
+        assert svc["entrypoint"] == ["spark-class"]
+        cls = svc["command"][0]
+        assert f"{cls.replace('.', '/')}.class" in core.namelist()
+        usage = subprocess.run([str(home / "bin" / "spark-class"), cls, "--help"],
+                               capture_output=True, text=True, timeout=120,
+                               env={**__import__("os").environ, "SPARK_HOME": str(home)})
+        for opt in (a for a in svc["command"] if a.startswith("--")):
+            assert opt in usage.stdout + usage.stderr, (name, opt)
+        args = svc["command"]
+        webui = args[args.index("--webui-port") + 1]
+        assert f"{webui}/tcp" in image["exposed"]
+        assert f"127.0.0.1:{webui}" in " ".join(svc["healthcheck"]["test"])
+        for vol in svc.get("volumes", []):
+            assert vol in own["flowsieve"]["volumes"]  # the paths the driver names
+    assert own["spark-master"]["command"][own["spark-master"]["command"].index("--port") + 1] \
+        == str(master.port)
+    work = own["spark-worker"]["command"]
+    assert work[work.index("--work-dir") + 1] in image["folders"]
+    # Prometheus scrapes the collector's API; Grafana's files are in deploy/
+    prom = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    target = prom["scrape_configs"][0]["static_configs"][0]["targets"][0]
+    assert target == f"flowsieve:{settings.api.port}"
+    for name in ("prometheus", "grafana"):
+        for vol in services[name]["volumes"]:
+            src = vol.split(":")[0]
+            if src.startswith("."):
+                assert (DEPLOY / src).exists(), vol
+            else:
+                assert src in doc["volumes"], vol
+    ds = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/prometheus.yml").read_text())
+    assert urlsplit(ds["datasources"][0]["url"]).netloc == "prometheus:9090"
+    prov = yaml.safe_load((DEPLOY / "grafana/provisioning/dashboards/flowsieve.yml").read_text())
+    path = prov["providers"][0]["options"]["path"]
+    assert f"./grafana/dashboards:{path}:ro" in services["grafana"]["volumes"]
+    home_dash = services["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home_dash == f"{path}/{DASHBOARD.name}"
+
+
+def exported_metrics() -> dict[str, set[str]]:
+    """Series name -> label names, as the daemon's registry exposes them."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from collector.metrics import Metrics
+    suffixes = {"counter": ("_total", "_created"), "gauge": ("",),
+                "histogram": ("_bucket", "_count", "_sum", "_created")}
+    out = {}
+    for m in vars(Metrics()).values():
+        if isinstance(m, MetricWrapperBase):
+            for s in suffixes[m._type]:
+                out[m._name + s] = set(m._labelnames) | ({"le"} if s == "_bucket" else set())
+    return out
+
+
+def dashboard_expressions() -> list[str]:
+    import json
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 20
+    return exprs
+
+
+def test_dashboard_promql_names_exported_metrics_and_labels():
+    import json
+
+    import promql_parser
+    exported = exported_metrics()
+    scrape = {"job", "instance"}  # Prometheus adds these to every series it scrapes
+    grafana = {"$__rate_interval": "1m", "$__interval": "15s", "$query": ".*"}
+    used = set()
+    for expr in dashboard_expressions():
+        text = expr
+        for var, value in grafana.items():
+            text = text.replace(var, value)
+        assert "$" not in text, expr
+        ast = promql_parser.parse(text)  # raises on a syntax error
+        selectors, grouping = [], []
+
+        def visit(node, selectors=selectors, grouping=grouping):
+            kind = type(node).__name__
+            if kind == "VectorSelector":
+                selectors.append(node)
+            elif kind == "AggregateExpr" and node.modifier is not None:
+                grouping.extend(node.modifier.labels)
+        promql_parser.walk(ast, visit)
+        assert selectors, expr
+        labels = set(scrape)
+        for sel in selectors:
+            assert sel.name in exported, f"{sel.name} (in {expr}) is not exported"
+            used.add(sel.name)
+            labels |= exported[sel.name]
+            for m in sel.matchers.matchers:
+                assert m.name in exported[sel.name] | scrape, (expr, m.name)
+        assert set(grouping) <= labels, expr
+    # the panels the issue asks for
+    for name in ("flowsieve_spark_up", "flowsieve_packets_in_total", "flowsieve_flows_in_total",
+                 "flowsieve_decode_errors_total", "flowsieve_capture_kernel_drops_total",
+                 "flowsieve_spool_rows_dropped_total", "flowsieve_query_tuples_matched_total",
+                 "flowsieve_query_output_lag_seconds_bucket", "flowsieve_plan_version",
+                 "flowsieve_rebuild_duration_seconds_count"):
+        assert name in used, name
+    variable = json.loads(DASHBOARD.read_text())["templating"]["list"][0]["definition"]
+    metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)", variable).groups()
+    assert label in exported[metric]

@@ -95,7 +95,9 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
     trades peak JIT speed for start-up (a command that runs once, such as ``replay``)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    local = master.startswith("local")
+    if local:  # nothing outside this host talks to a local driver
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     log4j = Path(__file__).with_name("log4j2.properties")
     b = (SparkSession.builder.master(master).appName(app_name)
          .config("spark.driver.memory", driver_memory)
@@ -103,12 +105,13 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
          .config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
          .config("spark.sql.session.timeZone", "UTC")
-         .config("spark.driver.bindAddress", "127.0.0.1")
          .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
          .config("spark.sql.files.ignoreCorruptFiles", "true")
          .config("spark.driver.extraJavaOptions", " ".join(
              [f"-Dlog4j2.configurationFile=file:{log4j}",
               *jvm_options(class_archive, quick_start)])))
+    if local:  # a cluster's executors reach the driver at spark.driver.host (spark.extra)
+        b = b.config("spark.driver.bindAddress", "127.0.0.1")
     if rocksdb:
         b = b.config("spark.sql.streaming.stateStore.providerClass", ROCKSDB).config(
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
