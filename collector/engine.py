@@ -39,6 +39,8 @@ from collector.spool import (
 from planner.plan import Plan
 from planner.slots import slot_counts, slot_mask
 
+MAX_VERSIONS_KEPT = 100_000  # the per-version tuple counts kept (GET /prefilter/versions)
+
 
 @dataclass
 class FolderPlan:
@@ -102,12 +104,21 @@ class Engine:
         self._c: _Compiled | None = None
         self.max_time: int | None = None
         self.tuples_in = 0
+        # tuples processed under each plan version (0: before the first plan), newest last;
+        # a batch is processed under one version whole
+        self.version_tuples: dict[int, int] = {}
 
     # -- plan
     def set_plan(self, plan: Plan) -> None:
         """Use ``plan`` from the next batch on."""
         with self._lock:
             self._pending = plan
+
+    def _count(self, c: _Compiled | None, n: int) -> None:
+        v = c.plan.version if c is not None else 0
+        self.version_tuples[v] = self.version_tuples.get(v, 0) + n
+        if len(self.version_tuples) > MAX_VERSIONS_KEPT:
+            del self.version_tuples[next(iter(self.version_tuples))]
 
     def _current(self) -> _Compiled | None:
         with self._lock:
@@ -175,6 +186,7 @@ class Engine:
         self.metrics.packets_in.labels(source).inc(len(raw))
         self.metrics.bytes_in.labels(source).inc(int(raw.caplen.sum()))
         self.tuples_in += len(raw)
+        self._count(c, len(raw))
         if len(raw):
             t = int(raw.ts_ns.max() // 1_000_000_000)
             self.max_time = t if self.max_time is None else max(self.max_time, t)
@@ -189,6 +201,7 @@ class Engine:
         c = self._current()
         self.metrics.flows_in.labels(source).inc(len(fb))
         self.tuples_in += len(fb)
+        self._count(c, len(fb))
         if len(fb):
             t = int(fb.time.max())
             self.max_time = t if self.max_time is None else max(self.max_time, t)

@@ -71,6 +71,16 @@ class CompiledPrefilter:
         return n_words(self.n_slots)
 
 
+def region_table(constants: list[int], length: int) -> np.ndarray:
+    """``ASC.region_of(v)`` for every v in [0, length), at once: 2i + 1 for the constant c_i,
+    2i for the gap below it."""
+    c = np.asarray(constants, np.int64)
+    v = np.arange(length, dtype=np.int64)
+    i = np.searchsorted(c, v, side="left")
+    hit = c[np.minimum(i, len(c) - 1)] == v if len(c) else np.zeros(length, bool)
+    return (2 * i + hit).astype(np.int16)
+
+
 def compile_prefilter(plan: Plan, stream: str) -> CompiledPrefilter:
     """Turn a plan's bits and signatures for ``stream`` into kernel arrays."""
     cat = fields(stream)
@@ -136,7 +146,7 @@ def compile_prefilter(plan: Plan, stream: str) -> CompiledPrefilter:
             length = top + 2
             asc_tstart.append(size)
             asc_tlen.append(length)
-            tables.append(np.array([a.region_of(v) for v in range(length)], np.int16))
+            tables.append(region_table(a.constants, length))
             size += length
         else:
             asc_tstart.append(-1)

@@ -287,6 +287,15 @@ class Collector:
                 self.job.ensure(self.folders())
             return plan
 
+    def plan_versions(self) -> list[dict]:
+        """Tuples each recent plan version processed, by source, newest version first: every
+        batch is processed under one version whole, so these add up to the tuples read."""
+        out: dict[int, dict[str, int]] = {}
+        for src, e in zip(self.settings.sources, self.engines, strict=True):
+            for v, n in list(e.version_tuples.items()):
+                out.setdefault(v, {})[src.name] = n
+        return [{"version": v, "tuples": out[v]} for v in sorted(out, reverse=True)]
+
     def set_enabled(self, name: str, enabled: bool) -> bool:
         """Pause or resume a query without losing its slot or its answers so far."""
         if not self.registry.set_enabled(name, enabled):
@@ -318,6 +327,13 @@ class Collector:
             if q.name == name:
                 return q, slot
         return None
+
+    def complete_before(self, q: Query) -> float | None:
+        """Every window of ``q`` starting before this time (epoch s) is answered for good (the
+        watermark of the latest Spark batch done); None before one is done."""
+        if self.job is None or q.period is None:
+            return None
+        return self.job.complete_before.get((q.stream, q.folder))
 
     def results(self, name: str, last_windows: int | None = None) -> pa.Table | None:
         found = self.query(name)

@@ -202,8 +202,9 @@ def qrb_words(ascs: list[ASC], words: int) -> np.ndarray:
     out = np.zeros((len(ascs), n_reg, words), dtype=np.uint64)
     full = (1 << (64 * words)) - 1
     for i, a in enumerate(ascs):
+        outside = full & ~a.qub
         for r, q in enumerate(a.qrb):
-            v = q | (full & ~a.qub)
+            v = q | outside
             for w in range(words):
                 out[i, r, w] = (v >> (64 * w)) & 0xFFFFFFFFFFFFFFFF
     return out

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from api.deps import CollectorDep
@@ -22,6 +24,15 @@ def get_prefilter(c: CollectorDep) -> dict:
         p["selectivity"] = measured.get(p["text"], p["selectivity"])
     doc["asc_runtime"] = [e.asc_state() for e in c.engines if e.asc_state() is not None]
     return doc
+
+
+@router.get("/versions")
+def plan_versions(c: CollectorDep, limit: Annotated[int, Query(ge=1, le=100_000)] = 100
+                  ) -> list[dict]:
+    """Tuples each plan version processed, by source, newest version first (version 0: read
+    before the first plan). A batch is processed under one version whole, so across versions
+    they add up to the tuples the sources read."""
+    return c.plan_versions()[:limit]
 
 
 class RebuildOptions(BaseModel):

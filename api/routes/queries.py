@@ -47,6 +47,9 @@ class ResultsPublic(BaseModel):
     columns: list[str]
     rows: list[dict]
     next_cursor: str | None = None
+    complete_before: float | None = Field(None, description="every window starting before "
+                                          "this time (epoch seconds) is answered for good: "
+                                          "later pages or reads add no row before it")
 
 
 PARQUET = "application/vnd.apache.parquet"
@@ -144,6 +147,7 @@ def query_results(
     if found is None:
         raise HTTPException(404, "query not found")
     q = found[0]
+    complete = c.complete_before(q)  # read first: the rows read next include all before it
     try:
         table, nxt = page(c.results(name, windows),
                           start.timestamp() if start else None,
@@ -151,6 +155,8 @@ def query_results(
     except CursorError as e:
         raise HTTPException(400, str(e)) from e
     headers = {"X-Next-Cursor": nxt} if nxt else {}
+    if complete is not None:
+        headers["X-Complete-Before"] = f"{complete:.3f}"
     if format == "parquet":  # the answer table as written, no row conversion
         buf = io.BytesIO()
         pq.write_table(table, buf)
@@ -164,4 +170,5 @@ def query_results(
         w.writeheader()
         w.writerows(rows)
         return Response(out.getvalue(), media_type="text/csv", headers=headers)
-    return ResultsPublic(name=name, columns=columns, rows=rows, next_cursor=nxt)
+    return ResultsPublic(name=name, columns=columns, rows=rows, next_cursor=nxt,
+                         complete_before=complete)

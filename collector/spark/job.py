@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -192,6 +193,8 @@ class SparkJob:
         self._failed: dict[tuple[str, str], tuple[float, int]] = {}  # -> (retry at, attempts)
         self.timings: dict[str, float] = {}  # batch jobs: Spark's merge, the driver's answers
         self._seen_batch: dict[tuple[str, str], int] = {}  # progress reports counted
+        # per folder: every window starting before this (epoch s) is answered, for good
+        self.complete_before: dict[tuple[str, str], float] = {}
 
     def _sink(self, stream: str, folder: str):
         def write_batch(batch_df: DataFrame, batch_id: int) -> None:
@@ -342,7 +345,9 @@ class SparkJob:
 
     def _progress(self, key: tuple[str, str], sq) -> None:
         """Spark's progress reports of a streaming query since the last look: batch durations
-        and input rows into the metrics."""
+        and input rows into the metrics; the watermark a completed batch used (its answers are
+        written by then) into ``complete_before``: Spark emits a window once the watermark
+        reaches its start (DESIGN's grouping by ``window_start``), and never again."""
         try:
             reports = sq.recentProgress
         except Exception:  # noqa: BLE001 - a stopped query's JVM side may be gone
@@ -357,6 +362,10 @@ class SparkJob:
             ms = (rep.get("durationMs") or {}).get("triggerExecution")
             if ms is not None:
                 self.metrics.spark_batch_seconds.labels(*key).observe(ms / 1000)
+            wm = (rep.get("eventTime") or {}).get("watermark")
+            if wm:
+                t = datetime.fromisoformat(wm).timestamp()
+                self.complete_before[key] = max(t, self.complete_before.get(key, t))
         self._seen_batch[key] = seen
 
     def stop(self) -> None:

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from capture.pcap import open_capture
 from capture.unpack import unpack
 from collector.asc_runtime import AscRuntime
-from collector.prefilter import compile_prefilter, run_prefilter
+from collector.prefilter import compile_prefilter, region_table, run_prefilter
 from collector.residual import Residual
+from planner.asc import ASC
 from planner.plan import build_plan
 from planner.query import parse_queries
 from tests.conftest import capture
@@ -240,3 +241,13 @@ def test_invocations_avoided_and_matched_add_up_to_the_tuples():
             sum(p["protocol"] == 17 for p in ref)
         assert m.query_matched.labels("web")._value.get() == \
             sum(p["protocol"] == 6 and p["dst_port"] in (80, 443) for p in ref)
+
+
+@given(st.lists(st.integers(0, 300), min_size=1, max_size=12, unique=True))
+def test_region_table_equals_region_of(constants):
+    """The value -> region table of a small-integer ASC, built at once, equals the binary
+    search of ASC.region_of for every value."""
+    constants = sorted(constants)
+    a = ASC("dst_port", "packets", "int", constants, [], [], [])
+    length = constants[-1] + 2
+    assert region_table(constants, length).tolist() == [a.region_of(v) for v in range(length)]
