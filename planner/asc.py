@@ -168,16 +168,24 @@ def build_asc(attribute: str, stream: str, preds: dict[int, Predicate],
     for pid, p in preds.items():
         for a in p.atoms:
             pred_mask[pid] |= atom_mask(a)
-    qrb = [0] * n_regions
+    # a slot's regions are a few runs (a range predicate: one): its bit is toggled where each
+    # run starts and after it ends, and a prefix XOR over the regions gives every qrb
+    toggles = [0] * (n_regions + 1)
     slots = sorted(uses)
     for s in slots:
         mask = every & nonempty
         for pid in uses[s]:
             mask &= pred_mask[pid]
-        while mask:
-            low = mask & -mask
-            qrb[low.bit_length() - 1] |= 1 << s
-            mask ^= low
+        bit = 1 << s
+        for edges, shift in ((mask & ~(mask << 1), 0), (mask & ~(mask >> 1), 1)):
+            while edges:
+                low = edges & -edges
+                toggles[low.bit_length() - 1 + shift] ^= bit
+                edges ^= low
+    qrb, acc = [], 0
+    for r in range(n_regions):
+        acc ^= toggles[r]
+        qrb.append(acc)
     return ASC(attribute, stream, kind, constants, sorted(preds), slots, qrb)
 
 

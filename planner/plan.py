@@ -285,6 +285,7 @@ def build_plan(queries: list[Query], slots: dict[str, int] | None = None, versio
     # bits or ASC (DESIGN): attributes with many constants or ranges go to an ASC
     asc_attr: dict[int, str] = {}
     ascs: list[ASC] = []
+    pids_of = {q.name: [ids[p] for p in q.predicates] for q in queries}  # hashed once
     for stream in sorted({q.stream for q in queries}):
         cheap = [i.predicate for i in infos if i.cheap and i.predicate.stream == stream]
         attrs = asc_attributes(cheap, asc_min_constants) if asc_min_constants else set()
@@ -294,7 +295,7 @@ def build_plan(queries: list[Query], slots: dict[str, int] | None = None, versio
                      and single_attribute(i.predicate) == attr}
             uses = {}
             for q in queries:
-                mine = [ids[p] for p in q.predicates if ids[p] in preds]
+                mine = [p for p in pids_of[q.name] if p in preds]
                 if mine:
                     uses[slots[q.name]] = mine
             stream_ascs.append(build_asc(attr, stream, preds, uses))
@@ -311,9 +312,9 @@ def build_plan(queries: list[Query], slots: dict[str, int] | None = None, versio
         ascs.extend(stream_ascs)
     matrix: dict[int, set[str]] = {}
     for q in queries:
-        for p in q.predicates:
-            if infos[ids[p]].cheap and ids[p] not in asc_attr:
-                matrix.setdefault(ids[p], set()).add(q.name)
+        for p in pids_of[q.name]:
+            if infos[p].cheap and p not in asc_attr:
+                matrix.setdefault(p, set()).add(q.name)
     # one prefilter per stream: bits never mix streams
     bits: list[tuple[int, ...]] = []
     covers = []
@@ -323,9 +324,11 @@ def build_plan(queries: list[Query], slots: dict[str, int] | None = None, versio
         covers.append(cover)
         bits.extend(cover.bits)
     qplans = []
+    bit_sets = [frozenset(b) for b in bits]
     for q in queries:
-        pids = [ids[p] for p in q.predicates]
-        sig = [i for i, b in enumerate(bits) if set(b) <= set(pids)]
+        pids = pids_of[q.name]
+        own = set(pids)
+        sig = [i for i, b in enumerate(bit_sets) if b <= own]
         covered = {p for i in sig for p in bits[i]} | {p for p in pids if p in asc_attr}
         residual = [p for p in pids if p not in covered]
         q_ascs = sorted({asc_attr[p] for p in pids if p in asc_attr})

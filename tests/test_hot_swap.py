@@ -132,14 +132,20 @@ sources:
     seen: dict[str, tuple[list[dict], float]] = {}  # name -> (answers, complete_before)
     churn = churn_queries(1000, seed=14)
     names = list(churn)
+    laps = [("start", time.monotonic())]
+
+    def lap(what: str) -> None:
+        laps.append((what, time.monotonic()))
 
     def register(name: str, sql: str) -> None:
         r = client.post("/queries", json={"name": name, "sql": sql})
         assert r.status_code == 201, r.text
         registered[name] = time.time()
 
+    def read(name: str) -> None:
+        seen[name] = answers(client, name)  # before it goes: then its answers go too
+
     def delete(name: str) -> None:
-        seen[name] = answers(client, name)  # read before it goes
         assert client.delete(f"/queries/{name}").status_code == 204
 
     def hold(since: float) -> None:
@@ -153,19 +159,24 @@ sources:
             register(name, sql)
         feeder.start()
         wait_for(lambda: answers(client, "all5s")[1], 240, "a first complete window")
+        lap("daemon up, first window")
         with ThreadPoolExecutor(8) as pool:
             # 500 in bursts of 100 concurrent registrations, deleted in bursts of 100
             for b in range(5):
                 list(pool.map(lambda n: register(n, churn[n]), names[b * 100:(b + 1) * 100]))
             hold(max(registered[n] for n in names[:500]))
+            list(pool.map(read, names[:500]))
             for b in range(5):
                 list(pool.map(delete, names[b * 100:(b + 1) * 100]))
-        # 500 one at a time
-        for name in names[500:]:
-            register(name, churn[name])
-        hold(max(registered[n] for n in names[500:]))
-        for name in names[500:]:
-            delete(name)
+            lap("500 in bursts")
+            # 500 one at a time
+            for name in names[500:]:
+                register(name, churn[name])
+            hold(max(registered[n] for n in names[500:]))
+            list(pool.map(read, names[500:]))
+            for name in names[500:]:
+                delete(name)
+            lap("500 one at a time")
         assert [q["name"] for q in client.get("/queries").json()] == list(STABLE)
         hold(time.time())
         stable = {n: answers(client, n) for n in STABLE}
@@ -175,6 +186,7 @@ sources:
         wait_for(lambda: metric(client.get("/metrics").text, "flowsieve_packets_in_total",
                                 'source="traffic"') == written, 120, "every packet read")
         versions = client.get("/prefilter/versions", params={"limit": 100_000}).json()
+        lap("every packet read")
     finally:
         feeder.stop.set()
         client.close()
@@ -225,3 +237,7 @@ sources:
                 check(name, truth_alone[name], rows, registered[name], before)
             windows += len({r["t"] for r in whole_windows(rows, registered[name], before)})
     assert windows >= 1000  # the churned queries' answers were compared on real windows
+    lap("replays compared")
+    sys.stderr.write("hot swap: " + ", ".join(
+        f"{what} {t - prev:.0f} s"
+        for (_, prev), (what, t) in zip(laps, laps[1:], strict=False)) + "\n")
