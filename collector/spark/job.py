@@ -195,6 +195,7 @@ class SparkJob:
         self._seen_batch: dict[tuple[str, str], int] = {}  # progress reports counted
         # per folder: every window starting before this (epoch s) is answered, for good
         self.complete_before: dict[tuple[str, str], float] = {}
+        self._skipped: set[tuple[str, str, int]] = set()  # slots whose partials were skipped
 
     def _sink(self, stream: str, folder: str):
         def write_batch(batch_df: DataFrame, batch_id: int) -> None:
@@ -228,9 +229,13 @@ class SparkJob:
         def resolve(slot: int) -> Query | None:
             q = self.resolve(slot)
             if q is None or q.stream != stream or q.folder != folder:
-                log.warning("no query of %s/%s holds slot %s; its rows are skipped", stream,
-                            folder, slot)
+                # partials of a query deleted since they were spooled: expected, said once
+                if (stream, folder, slot) not in self._skipped:
+                    self._skipped.add((stream, folder, slot))
+                    log.info("no query of %s/%s holds slot %s (deleted): its partials in "
+                             "flight are skipped", stream, folder, slot)
                 return None
+            self._skipped.discard((stream, folder, slot))
             return q
         return resolve
 
