@@ -109,7 +109,10 @@ class SparkConfig(BaseModel):
 
 class SpoolConfig(BaseModel):
     max_bytes: int = Field(8 << 30, gt=0)
-    policy: Literal["block", "drop"] = "block"
+    policy: Literal["auto", "block", "drop"] = Field(
+        "auto", description="when the spool is full: block (the source waits for Spark: "
+        "nothing lost), drop (the rows are dropped and counted), or auto: capture files "
+        "block, live interfaces and flow listeners drop (they cannot wait)")
     format: Literal["parquet", "arrow"] = Field("parquet", description="parquet: read by "
                                                 "Spark's file source; arrow: Arrow IPC read by "
                                                 "flowsieve's Python data source")
@@ -164,6 +167,9 @@ class SourceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["pcap", "interface", "netflow"] = "pcap"
     name: str = "sample"
+    spool_full: Literal["block", "drop"] | None = Field(
+        None, description="this source's policy when the spool is full (default: "
+        "spool.policy)")
     # type pcap
     path: str = Field(default_factory=lambda: data_file("sample.pcap"))
     loop: bool = True
@@ -202,6 +208,16 @@ class SourceConfig(BaseModel):
     @property
     def stream(self) -> str:
         return "flows" if self.type == "netflow" else "packets"
+
+    def spool_policy(self, default: str) -> str:
+        """What this source does when the spool is full: its own ``spool_full``, else
+        ``spool.policy``; ``auto`` blocks a capture file (it can wait, and loses nothing) and
+        drops for a live source (an interface or a flow listener cannot wait)."""
+        if self.spool_full is not None:
+            return self.spool_full
+        if default != "auto":
+            return default
+        return "block" if self.type == "pcap" else "drop"
 
     def enterprise_map(self) -> dict[tuple[int, int], str]:
         return {(int(k.split("/")[0]), int(k.split("/")[1])): v

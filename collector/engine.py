@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -87,7 +88,10 @@ class Engine:
     def __init__(self, spool: Spool, stream: str = "packets", metrics: Metrics | None = None,
                  probe: str = "flowsieve", watermark_delay_s: int = 1,
                  meter: SelectivityMeter | None = None, asc: AscConfig | None = None,
-                 lfta: LftaConfig | None = None, sampler: TupleSampler | None = None):
+                 lfta: LftaConfig | None = None, sampler: TupleSampler | None = None,
+                 source: str = "", spool_policy: str | None = None,
+                 stop: threading.Event | None = None,
+                 waiting: Callable[[float], None] | None = None):
         self.spool = spool
         self.asc_config = asc or AscConfig()
         self.lfta_config = lfta or LftaConfig()
@@ -97,6 +101,10 @@ class Engine:
         self.metrics = metrics or Metrics()
         self.probe = probe
         self.watermark_delay_s = watermark_delay_s
+        # a full spool: this source waits (block: files) or drops and counts (drop: live);
+        # None: the spool's own policy
+        self.source, self.spool_policy = source, spool_policy
+        self._stop, self._waiting = stop, waiting
         self._lock = threading.Lock()
         # the batch path and the collector's flusher thread both touch the LFTA tables
         self._data = threading.RLock()
@@ -280,8 +288,14 @@ class Engine:
         periodically, so an idle source's partials still reach Spark in time."""
         with self._data:
             c = self._c
-            if c is not None:
+            if c is not None and not self._would_wait():
                 self._close_windows(c, now_ns, event_time)
+
+    def _would_wait(self) -> bool:
+        """A write now would wait for room (policy block, spool full): the daemon's shared
+        clock thread leaves this engine alone then; the source's own thread waits."""
+        return (self.spool_policy or self.spool.policy) == "block" and \
+            not self.spool.has_room()
 
     def _close_windows(self, c: _Compiled, now_ns: int, event_time: int | None = None) -> None:
         """Flush the windows the event time has passed (end + watermark delay), and rows that
@@ -330,11 +344,16 @@ class Engine:
     def _write(self, fp: FolderPlan, batch: pa.Table | None) -> None:
         if batch is None or not batch.num_rows:
             return
-        if self.spool.write(self.stream, fp.folder, batch) is None:
-            self.metrics.spool_dropped.labels(self.stream).inc(batch.num_rows)
+        if self._spool(fp.folder, batch) is None:
+            self.metrics.spool_dropped.labels(self.stream, self.source, "spool_full").inc(
+                batch.num_rows)
         else:
             self.metrics.spool_files.labels(self.stream, fp.folder).inc()
             self.metrics.spool_rows.labels(self.stream, fp.folder).inc(batch.num_rows)
+
+    def _spool(self, folder: str, batch: pa.Table):
+        return self.spool.write(self.stream, folder, batch, self.spool_policy, self._stop,
+                                self._waiting)
 
     def _select_rows(self, c, fp: FolderPlan, tb: TupleBatch, Q: np.ndarray) -> pa.Table | None:
         schema = select_schema(self.stream)
@@ -360,8 +379,7 @@ class Engine:
             if fp.period is None:
                 continue
             ws = ws_of_period(fp.period)
-            self.spool.write(self.stream, fp.folder,
-                             punctuation(self.stream, ws, c.plan.version, self.probe))
+            self._spool(fp.folder, punctuation(self.stream, ws, c.plan.version, self.probe))
 
     def finish(self) -> None:
         """End of input: punctuation beyond the last window, so every window closes."""
@@ -375,13 +393,18 @@ class Engine:
         self._punctuate(lambda p: (last // p) * p + p + self.watermark_delay_s + 1,
                         flush_all=True)
 
-    def flush_before(self, now_s: int) -> None:
+    def flush_before(self, now_s: int) -> bool:
         """Flush the windows that end by ``now_s``'s window (what a heartbeat closes): the
-        collector does this for every engine before any engine writes its heartbeat."""
+        collector does this for every engine before any engine writes its heartbeat. False
+        when it did not (a write would wait for room): then no heartbeat may close them."""
         with self._data:
             c = self._current()
-            if c is not None:
-                self._flush(c, lambda t: t.table.flush_windows((now_s // t.period) * t.period))
+            if c is None:
+                return True
+            if self._would_wait():
+                return False
+            self._flush(c, lambda t: t.table.flush_windows((now_s // t.period) * t.period))
+            return True
 
     def heartbeat(self, now_s: int) -> None:
         """Live sources: advance the watermark to the current window so quiet windows close."""

@@ -57,8 +57,13 @@ class Metrics:
         self.spool_rows = Counter("flowsieve_spool_rows", "Rows written to the spool",
                                   ["stream", "folder"], registry=r)
         self.spool_dropped = Counter("flowsieve_spool_rows_dropped",
-                                     "Rows dropped because the spool was full", ["stream"],
-                                     registry=r)
+                                     "Spool rows (partial aggregates, selected tuples) a live "
+                                     "source dropped, by reason (spool_full)",
+                                     ["stream", "source", "reason"], registry=r)
+        self.spool_wait = Counter("flowsieve_spool_wait_seconds",
+                                  "Time a source waited for room in a full spool "
+                                  "(back-pressure of the block policy)", ["source"],
+                                  registry=r)
         self.kernel_packets = Counter(
             "flowsieve_capture_kernel_packets",
             "Packets that passed the kernel filter of a live source (PACKET_STATISTICS)",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -61,8 +62,7 @@ class Collector:
         for d in (s.var_dir, s.spool_dir, s.results_dir, s.checkpoint_dir):
             Path(d).mkdir(parents=True, exist_ok=True)
         self.registry = Registry(s.registry_path)
-        self.spool = Spool(s.spool_dir, s.spool.max_bytes, s.spool.policy,
-                           format=s.spool.format)
+        self.spool = Spool(s.spool_dir, s.spool.max_bytes, "drop", format=s.spool.format)
         if not self.registry.entries() and s.initial_queries:
             for q in parse_queries(Path(s.initial_queries).read_text()):
                 self.registry.add(q.name, q.text)
@@ -70,7 +70,9 @@ class Collector:
             make_source(c, s.batch_size, self._stats_callback(c), s.var_dir) for c in s.sources]
         self.engines = [Engine(self.spool, c.stream, self.metrics, s.probe,
                                s.spark.watermark_delay_s, self.meter, s.asc, s.lfta,
-                               self.sampler)
+                               self.sampler, source=c.name,
+                               spool_policy=c.spool_policy(s.spool.policy), stop=self._stop,
+                               waiting=self._spool_waiting(c.name))
                         for c in s.sources]
         self.rebuild()
         if with_spark:
@@ -108,9 +110,9 @@ class Collector:
             try:
                 for e in self.engines:
                     e.flush_due(latest, time.monotonic_ns())
-                if live:
-                    for e in self.engines:
-                        e.flush_before(now)
+                # a heartbeat closes windows only once every engine has flushed them
+                flushed = [e.flush_before(now) for e in self.engines] if live else []
+                if live and all(flushed):
                     for e in live:
                         e.heartbeat(now)
             except Exception as err:  # reported like a source's failure, never silent
@@ -162,6 +164,14 @@ class Collector:
             self.source_errors.append(f"{src.name}: {e!r}")
             self.source_state[src.name] = f"failed: {e!r}"
             log.exception("source %s failed", src.name)
+
+    def _spool_waiting(self, name: str) -> Callable[[float], None]:
+        """The engine of source ``name`` waited this long for room in a full spool."""
+        self.metrics.spool_wait.labels(name)
+
+        def waited(seconds: float) -> None:
+            self.metrics.spool_wait.labels(name).inc(seconds)
+        return waited
 
     def not_ready(self) -> list[str]:
         """Why the daemon cannot serve its queries now (empty: ready): Spark not started or a

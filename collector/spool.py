@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -79,7 +80,7 @@ def list_files(folder: Path) -> list[Path]:
 
 
 class SpoolFull(RuntimeError):
-    """The spool is over its size limit and the policy is to drop."""
+    """The spool stayed over its size limit longer than a blocking writer may wait."""
 
 
 class Spool:
@@ -87,7 +88,7 @@ class Spool:
     repeat (a high-water mark survives restarts and Spark's deletion of committed files)."""
 
     def __init__(self, root: str | os.PathLike, max_bytes: int = 8 << 30, policy: str = "block",
-                 block_timeout_s: float = 600.0, format: str = "parquet"):  # noqa: A002
+                 block_timeout_s: float | None = None, format: str = "parquet"):  # noqa: A002
         if policy not in ("block", "drop"):
             raise ValueError("spool policy is 'block' or 'drop'")
         if format not in SUFFIXES:
@@ -135,32 +136,49 @@ class Spool:
         """Spool files Spark's reader could not read, moved to ``<folder>/bad/``."""
         return sum(1 for p in self.root.glob("*/*/bad/*") if _is_spool_file(p.name))
 
-    def _room(self) -> bool:
+    def has_room(self) -> bool:
         # the folder is walked only when what it may hold (its size when last walked, plus
         # what was written since) reaches the bound: Spark's deletions only make room
         if self._written + self._walked < self.max_bytes:
             return True
         self._walked, self._written = self.size(), 0
-        if self._walked < self.max_bytes:
+        return self._walked < self.max_bytes
+
+    def _room(self, policy: str, stop: threading.Event | None,
+              waiting: Callable[[float], None] | None) -> bool:
+        """Whether a file may be written now. ``drop``: only if there is room. ``block``:
+        wait for Spark to make room (back-pressure) for ``block_timeout_s`` (None: as long as
+        it takes), then raise SpoolFull; once ``stop`` is set the file is written anyway
+        (nothing accepted is lost at shutdown). ``waiting(seconds)`` hears, every 0.2 s of a
+        wait, how long it has waited since it was last told."""
+        if self.has_room():
             return True
-        if self.policy == "drop":
+        if policy == "drop":
             return False
-        deadline = time.monotonic() + self.block_timeout_s
-        while True:  # back-pressure: wait for Spark to commit
-            self._walked = self.size()
-            if self._walked < self.max_bytes:
-                return True
-            if time.monotonic() >= deadline:
+        t0 = told = time.monotonic()
+        while not self.has_room():
+            if stop is not None and stop.is_set():
+                break
+            if self.block_timeout_s is not None and \
+                    time.monotonic() - t0 >= self.block_timeout_s:
                 raise SpoolFull(f"spool {self.root} stayed over {self.max_bytes} bytes for "
                                 f"{self.block_timeout_s:.0f} s: is the Spark job running?"
                                 if self.block_timeout_s else
-                                f"spool {self.root} reached spool.max_bytes ({self.max_bytes} "
-                                "bytes) before the end of the input")
-            time.sleep(0.2)
+                                f"spool {self.root} reached spool.max_bytes "
+                                f"({self.max_bytes} bytes) before the end of the input")
+            (stop.wait if stop is not None else time.sleep)(0.2)
+            now = time.monotonic()
+            if waiting is not None:
+                waiting(now - told)
+            told = now
+        return True
 
-    def write(self, stream: str, folder: str, batch: pa.RecordBatch | pa.Table) -> Path | None:
-        """Write one file atomically; None if dropped by the size policy."""
-        if not self._room():
+    def write(self, stream: str, folder: str, batch: pa.RecordBatch | pa.Table,
+              policy: str | None = None, stop: threading.Event | None = None,
+              waiting: Callable[[float], None] | None = None) -> Path | None:
+        """Write one file atomically; None if dropped because the spool is full and the
+        writer's ``policy`` (default: the spool's) is ``drop``."""
+        if not self._room(policy or self.policy, stop, waiting):
             return None
         path_dir = self.folder(stream, folder)
         with self._lock:

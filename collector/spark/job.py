@@ -214,16 +214,20 @@ class SparkJob:
         now = time.time()
         for q, part in parts:
             answer = project_selection(q, part) if q.is_selection else finalize(q, part)
-            write_results(self.results_root, q.name, f"{stream}-{folder}-{batch_id:010d}",
-                          answer)
             self.metrics.result_rows.labels(q.name).inc(answer.num_rows)
-            if q.period is not None and "window_start" in answer.column_names and \
-                    answer.num_rows:
-                starts = pc.unique(pc.cast(answer.column("window_start"), pa.int64()))
-                self.metrics.query_windows.labels(q.name).inc(len(starts))
-                lag = self.metrics.query_lag.labels(q.name)
-                for ws in starts.to_pylist():
-                    lag.observe(max(0.0, now - ws / 1e6 - q.period))
+            if q.period is None or "window_start" not in answer.column_names:
+                write_results(self.results_root, q.name, f"{stream}-{folder}-{batch_id:010d}",
+                              answer)
+                continue
+            # one part per window: a window's answer is written once, and a batch Spark runs
+            # again (after a restart) replaces it rather than adding to it
+            starts = pc.cast(answer.column("window_start"), pa.int64())
+            lag = self.metrics.query_lag.labels(q.name)
+            for ws in pc.unique(starts).to_pylist():
+                write_results(self.results_root, q.name, f"{stream}-{folder}-w{ws:020d}",
+                              answer.filter(pc.equal(starts, ws)))
+                self.metrics.query_windows.labels(q.name).inc()
+                lag.observe(max(0.0, now - ws / 1e6 - q.period))
 
     def _resolver(self, stream: str, folder: str) -> Resolver:
         def resolve(slot: int) -> Query | None:

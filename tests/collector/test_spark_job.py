@@ -138,3 +138,24 @@ def test_spark_merges_the_sketches_python_writes(spark):
         back = datasketches.hll_sketch.deserialize(merged[g])
         assert back.get_estimate() == pytest.approx(u.get_estimate(), rel=1e-9)
     assert unions["b"].get_estimate() == pytest.approx(40, abs=0.5)
+
+
+def test_a_batch_run_again_replaces_its_windows_answers(spark, tmp_path):
+    """Spark runs a batch again after a restart (another batch id, the same windows): each
+    window's answer is written once per query, so the second run replaces the first and the
+    answers still equal dpkt's, no row twice."""
+    from collector.spark.job import merge_partials
+    path, recs = spread(tmp_path, "ok.pcap", 0.5)
+    plan, spool = spooled(tmp_path, path)
+    slots = {qp.slot: qp.query for qp in plan.queries}
+    results = tmp_path / "results"
+    job = SparkJob(spark, tmp_path / "spool", results, tmp_path / "ck", slots.get, 1, Metrics())
+    merged = merge_partials(spark.read.parquet(str(spool.folder("packets", "60"))), "packets",
+                            None).toArrow()
+    job.write_answers("packets", "60", merged, 3)
+    first = {qp.query.name: read_results(results, qp.query).num_rows for qp in plan.queries}
+    job.write_answers("packets", "60", merged, 9)
+    pairs = [(qp.query, read_results(results, qp.query)) for qp in plan.queries]
+    assert {q.name: t.num_rows for q, t in pairs} == first
+    assert answers_of(pairs) == reference(recs)
+    assert sum(len(v) for v in reference(recs).values()) == sum(first.values())
