@@ -113,6 +113,9 @@ class SpoolConfig(BaseModel):
         "auto", description="when the spool is full: block (the source waits for Spark: "
         "nothing lost), drop (the rows are dropped and counted), or auto: capture files "
         "block, live interfaces and flow listeners drop (they cannot wait)")
+    commit_s: float = Field(1.0, gt=0, description="a loop-free file source publishes its "
+                            "spool files together with its read position this often (a "
+                            "restart resumes there: nothing lost, nothing twice)")
     format: Literal["parquet", "arrow"] = Field("parquet", description="parquet: read by "
                                                 "Spark's file source; arrow: Arrow IPC read by "
                                                 "flowsieve's Python data source")

@@ -24,6 +24,7 @@ from capture.pcap import RawBatch
 from capture.unpack import TupleBatch, unpack
 from collector.asc_runtime import AscRuntime
 from collector.config import AscConfig, LftaConfig
+from collector.durability import Checkpoint
 from collector.lfta import NodeTable, Partials
 from collector.metrics import Metrics
 from collector.prefilter import CompiledPrefilter, compile_prefilter, run_prefilter
@@ -31,6 +32,7 @@ from collector.residual import Residual
 from collector.sampling import TupleSampler
 from collector.selectivity import SelectivityMeter
 from collector.spool import (
+    Held,
     Spool,
     null_columns,
     punctuation,
@@ -91,7 +93,8 @@ class Engine:
                  lfta: LftaConfig | None = None, sampler: TupleSampler | None = None,
                  source: str = "", spool_policy: str | None = None,
                  stop: threading.Event | None = None,
-                 waiting: Callable[[float], None] | None = None):
+                 waiting: Callable[[float], None] | None = None,
+                 checkpoint: Checkpoint | None = None, commit_s: float = 1.0):
         self.spool = spool
         self.asc_config = asc or AscConfig()
         self.lfta_config = lfta or LftaConfig()
@@ -105,6 +108,13 @@ class Engine:
         # None: the spool's own policy
         self.source, self.spool_policy = source, spool_policy
         self._stop, self._waiting = stop, waiting
+        # a durable source (collector/durability.py): spool files stay held until a commit
+        # publishes them with the read position that follows the tuples they hold
+        self.checkpoint, self.commit_s = checkpoint, commit_s
+        self.position: dict | None = None  # after the last batch processed
+        self._held: list[Held] = []
+        self._committed_at = time.monotonic()
+        self._dirty = False  # tuples processed since the last commit
         self._lock = threading.Lock()
         # the batch path and the collector's flusher thread both touch the LFTA tables
         self._data = threading.RLock()
@@ -181,11 +191,48 @@ class Engine:
         return self._pending or (c.plan if c else None)
 
     # -- data
-    def process(self, raw: RawBatch | FlowBatch, source: str = "") -> int:
+    def process(self, raw: RawBatch | FlowBatch, source: str = "",
+                position: dict | None = None) -> int:
         """Unpack, prefilter and spool one batch; return the tuples kept. Flow records arrive
-        decoded (a FlowBatch from the NetFlow/IPFIX decoder)."""
+        decoded (a FlowBatch from the NetFlow/IPFIX decoder). ``position``: where the source
+        is once this batch is read (a durable source commits it)."""
+        if self.checkpoint is not None and (self.spool_policy or self.spool.policy) == "block" \
+                and not self.spool.has_room():
+            # a durable source waits between batches, after a commit: its held files become
+            # room (Spark reads them) only once published, so it never waits inside a batch
+            self.commit(force=True)
+            self.spool.wait_for_room(self._stop, self._waiting)
         with self._data:
-            return self._process(raw, source)
+            kept = self._process(raw, source)
+            if self.checkpoint is not None:
+                self.position, self._dirty = position, True
+                self._commit()
+            return kept
+
+    def commit(self, force: bool = False) -> None:
+        """A durable engine's commit, when due (``commit_s``) or ``force``d (shutdown)."""
+        with self._data:
+            if self.checkpoint is not None:
+                self._commit(force)
+
+    def _commit(self, force: bool = False) -> None:
+        if not (self._dirty or self._held) or self.position is None:
+            return
+        if not force and time.monotonic() - self._committed_at < self.commit_s:
+            return
+        snapshot = []
+        c = self._c
+        for fp in c.folders if c is not None else []:
+            parts = [t.to_spool(t.table.snapshot(), c.plan.version, self.probe)
+                     for t in fp.tables if t.table is not None and len(t.table)]
+            batch = self._concat(parts)
+            if batch is not None:
+                held = self.spool.write(self.stream, fp.folder, batch, "force",
+                                        hold=self.checkpoint.tag, kind="snap")
+                snapshot.append(held)
+        self.checkpoint.commit(self.position, self._held, snapshot)
+        self._held, self._dirty = [], False
+        self._committed_at = time.monotonic()
 
     def _process(self, raw: RawBatch | FlowBatch, source: str = "") -> int:
         if isinstance(raw, FlowBatch):
@@ -290,6 +337,8 @@ class Engine:
             c = self._c
             if c is not None and not self._would_wait():
                 self._close_windows(c, now_ns, event_time)
+                if self.checkpoint is not None:
+                    self._commit()
 
     def _would_wait(self) -> bool:
         """A write now would wait for room (policy block, spool full): the daemon's shared
@@ -352,8 +401,16 @@ class Engine:
             self.metrics.spool_rows.labels(self.stream, fp.folder).inc(batch.num_rows)
 
     def _spool(self, folder: str, batch: pa.Table):
-        return self.spool.write(self.stream, folder, batch, self.spool_policy, self._stop,
-                                self._waiting)
+        if self.checkpoint is None:
+            return self.spool.write(self.stream, folder, batch, self.spool_policy, self._stop,
+                                    self._waiting)
+        policy = self.spool_policy or self.spool.policy
+        held = self.spool.write(self.stream, folder, batch,
+                                "force" if policy == "block" else policy, self._stop,
+                                self._waiting, hold=self.checkpoint.tag)
+        if held is not None:
+            self._held.append(held)
+        return held
 
     def _select_rows(self, c, fp: FolderPlan, tb: TupleBatch, Q: np.ndarray) -> pa.Table | None:
         schema = select_schema(self.stream)
@@ -385,6 +442,9 @@ class Engine:
         """End of input: punctuation beyond the last window, so every window closes."""
         with self._data:
             self._finish()
+            if self.checkpoint is not None:
+                self._dirty = True
+                self._commit(force=True)
 
     def _finish(self) -> None:
         if self.max_time is None:

@@ -309,6 +309,10 @@ class PartialTable:
         """Flush every row (end of input, shutdown, a plan change)."""
         return self._drain("shutdown")
 
+    def snapshot(self) -> Partials:
+        """A copy of every row held, the table unchanged (a durable source's checkpoint)."""
+        return self._rows(np.flatnonzero(self.t_used))
+
     def _rows(self, idx: np.ndarray) -> Partials:
         return Partials(self.t_keys[idx], self.t_cnt[idx], self.t_sum[idx], self.t_min[idx],
                         self.t_max[idx])

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from capture.errors import DecodeError
 from collector.config import Settings
+from collector.durability import Checkpoint
 from collector.engine import Engine
 from collector.metrics import Metrics
 from collector.registry import Registry
@@ -72,8 +73,9 @@ class Collector:
                                s.spark.watermark_delay_s, self.meter, s.asc, s.lfta,
                                self.sampler, source=c.name,
                                spool_policy=c.spool_policy(s.spool.policy), stop=self._stop,
-                               waiting=self._spool_waiting(c.name))
-                        for c in s.sources]
+                               waiting=self._spool_waiting(c.name),
+                               checkpoint=self._checkpoint(src), commit_s=s.spool.commit_s)
+                        for c, src in zip(s.sources, self.sources, strict=True)]
         self.rebuild()
         if with_spark:
             from collector.spark.job import SparkJob, build_session, class_archive_path
@@ -147,11 +149,15 @@ class Collector:
     def _run_source(self, src, engine: Engine) -> None:
         self.source_state[src.name] = "running"
         try:
+            durable = engine.checkpoint is not None
             for raw in src.batches(self._stop):
                 if raw is not None and len(raw):
-                    engine.process(raw, src.name)
+                    engine.process(raw, src.name, src.position() if durable else None)
                 if hasattr(src, "decoder"):
                     self._flow_counters(src)
+            if durable and self._stop.is_set():
+                engine.commit(force=True)  # stopped, not at its end: resume here next time
+                return
             engine.finish()
             self.source_state[src.name] = "finished"
         except DecodeError as e:
@@ -164,6 +170,22 @@ class Collector:
             self.source_errors.append(f"{src.name}: {e!r}")
             self.source_state[src.name] = f"failed: {e!r}"
             log.exception("source %s failed", src.name)
+
+    def _checkpoint(self, src) -> Checkpoint | None:
+        """A loop-free file source resumes after what its last commit put in the spool
+        (collector/durability.py); None for the others."""
+        if not getattr(src, "durable", False):
+            return None
+        s = self.settings
+        cp = Checkpoint(s.var_dir / "state" / f"{src.name}.json", self.spool,
+                        f"{s.probe}-{src.name}")
+        position = cp.recover()
+        why = src.resume(position)
+        if why:
+            log.warning("source %s: %s", src.name, why)
+        elif position:
+            log.info("source %s resumes after record %d", src.name, position["records"])
+        return cp
 
     def _spool_waiting(self, name: str) -> Callable[[float], None]:
         """The engine of source ``name`` waited this long for room in a full spool."""

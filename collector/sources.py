@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -55,27 +56,63 @@ class PcapFileSource:
         self.batch_size = batch_size
         self.tick_s = tick_s
         self.reader = None
+        self.records = 0  # records handed out from the file (a loop-free source's position)
+        self._skip = 0  # records a resumed source reads past
+        self._shift: int | None = None  # the re-stamping offset (ns) of the current pass
+
+    @property
+    def durable(self) -> bool:
+        """A file read once or followed (loop-free) resumes where it was: its position is
+        the records read."""
+        return self.follow or not self.loop
+
+    def position(self) -> dict:
+        st = os.stat(self.path)
+        return {"path": str(self.path), "dev": st.st_dev, "ino": st.st_ino,
+                "records": self.records, "shift_ns": self._shift}
+
+    def resume(self, position: dict | None) -> str | None:
+        """Continue after ``position`` (a committed one) when it is this same file; else say
+        why the file is read from its start."""
+        if not position:
+            return None
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return f"{self.path} does not exist (yet): reading from its start"
+        if (position.get("path"), position.get("dev"), position.get("ino")) != \
+                (str(self.path), st.st_dev, st.st_ino):
+            return f"{self.path} is not the file of the saved position: reading from its start"
+        self._skip = self.records = int(position["records"])
+        self._shift = position.get("shift_ns")
+        return None
 
     def batches(self, stop: threading.Event) -> Iterator[RawBatch | None]:
         last_ns = 0
         while not stop.is_set():
             self.reader = reader = open_capture(self.path, self.batch_size, follow=self.follow,
                                                 stop=stop)
-            shift = None
             for raw in reader:
+                if self._skip:  # a resumed source: what the spool holds already
+                    if len(raw) <= self._skip:
+                        self._skip -= len(raw)
+                        continue
+                    raw, self._skip = raw.slice(self._skip, len(raw)), 0
                 if not self.restamp or self.follow:  # a followed file's times are live already
+                    self.records += len(raw)
                     yield raw
                     continue
-                if shift is None and len(raw):
+                if self._shift is None and len(raw):
                     start = max(time.time_ns(), last_ns + 1_000_000)
-                    shift = start - int(raw.ts_ns[0])
-                ts = raw.ts_ns + shift
+                    self._shift = start - int(raw.ts_ns[0])
+                ts = raw.ts_ns + self._shift
                 raw = raw.restamped(ts)
                 due = np.maximum.accumulate(ts)
                 pos = 0
                 while pos < len(raw) and not stop.is_set():
                     end = int(np.searchsorted(due, time.time_ns(), side="right"))
                     if end > pos:
+                        self.records += end - pos
                         yield raw.slice(pos, end)
                         last_ns = int(due[end - 1])
                         pos = end
@@ -84,6 +121,7 @@ class PcapFileSource:
                         stop.wait(self.tick_s)
             if not self.loop:
                 return
+            self.records, self._shift = 0, None
 
 
 class InterfaceSource:

@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -125,7 +126,7 @@ class Spool:
         total = 0
         for dirpath, _, names in os.walk(self.root):
             for n in names:
-                if _is_spool_file(n):
+                if _is_spool_file(n) or n.endswith(".held"):
                     try:
                         total += os.path.getsize(os.path.join(dirpath, n))
                     except FileNotFoundError:
@@ -144,6 +145,11 @@ class Spool:
         self._walked, self._written = self.size(), 0
         return self._walked < self.max_bytes
 
+    def wait_for_room(self, stop: threading.Event | None = None,
+                      waiting: Callable[[float], None] | None = None) -> None:
+        """Back-pressure before a batch: wait until the spool has room (``block``)."""
+        self._room("block", stop, waiting)
+
     def _room(self, policy: str, stop: threading.Event | None,
               waiting: Callable[[float], None] | None) -> bool:
         """Whether a file may be written now. ``drop``: only if there is room. ``block``:
@@ -151,7 +157,7 @@ class Spool:
         it takes), then raise SpoolFull; once ``stop`` is set the file is written anyway
         (nothing accepted is lost at shutdown). ``waiting(seconds)`` hears, every 0.2 s of a
         wait, how long it has waited since it was last told."""
-        if self.has_room():
+        if policy == "force" or self.has_room():
             return True
         if policy == "drop":
             return False
@@ -175,9 +181,14 @@ class Spool:
 
     def write(self, stream: str, folder: str, batch: pa.RecordBatch | pa.Table,
               policy: str | None = None, stop: threading.Event | None = None,
-              waiting: Callable[[float], None] | None = None) -> Path | None:
+              waiting: Callable[[float], None] | None = None,
+              hold: str | None = None, kind: str = "held") -> Path | Held | None:
         """Write one file atomically; None if dropped because the spool is full and the
-        writer's ``policy`` (default: the spool's) is ``drop``."""
+        writer's ``policy`` (default: the spool's) is ``drop``. With ``hold`` (the writer's
+        tag) the file stays hidden, ``.<hold>.<seq>.held``, until ``publish``: a durable
+        source makes it visible together with its read position (collector/durability.py).
+        ``kind="snap"``: a checkpoint's snapshot, published only by a restart; it does not count
+        against ``max_bytes`` (Spark cannot make room by reading it)."""
         if not self._room(policy or self.policy, stop, waiting):
             return None
         path_dir = self.folder(stream, folder)
@@ -193,10 +204,42 @@ class Spool:
         else:
             with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
                 writer.write_table(table, max_chunksize=65536)
-        size = tmp.stat().st_size
+        if kind == "held":
+            self._written += tmp.stat().st_size
+        if hold is not None:
+            held = path_dir / f".{hold}.{seq:016d}.{kind}"
+            os.replace(tmp, held)
+            return Held(held, final)
         os.replace(tmp, final)
-        self._written += size
         return final
+
+    def held_files(self, hold: str) -> list[Path]:
+        """Every hidden file a writer tagged ``hold`` left (published or not)."""
+        return sorted([*self.root.glob(f"*/*/.{hold}.*.held"),
+                       *self.root.glob(f"*/*/.{hold}.*.snap")])
+
+
+@dataclass(frozen=True)
+class Held:
+    """A spool file written but hidden from Spark until its writer publishes it."""
+
+    path: Path
+    final: Path
+
+    def publish(self) -> None:
+        """Make it visible. Idempotent: a file published before (and maybe read and deleted
+        by Spark since) is left alone."""
+        try:
+            os.replace(self.path, self.final)
+        except FileNotFoundError:
+            pass
+
+    def to_json(self) -> list[str]:
+        return [str(self.path), str(self.final)]
+
+    @classmethod
+    def from_json(cls, v: list[str]) -> Held:
+        return cls(Path(v[0]), Path(v[1]))
 
 
 def qmask_array(words: np.ndarray) -> pa.Array:

@@ -50,9 +50,12 @@ def test_a_capture_file_waits_for_room_and_loses_nothing(tmp_path):
     got = []
     try:
         deadline = time.monotonic() + DEADLINE_S
-        time.sleep(1.0)  # the source fills the spool and waits
-        assert c.source_state["file"] == "running"
+        # the source fills the spool and waits for the consumer
+        while metric(text(c), "flowsieve_spool_wait_seconds_total", 'source="file"') == 0 \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert metric(text(c), "flowsieve_spool_wait_seconds_total", 'source="file"') > 0
+        assert c.source_state["file"] == "running"
         while time.monotonic() < deadline:
             finished = c.source_state["file"] == "finished"
             got += consume(c.settings.spool_dir)
