@@ -115,6 +115,7 @@ class Engine:
         self._held: list[Held] = []
         self._committed_at = time.monotonic()
         self._dirty = False  # tuples processed since the last commit
+        self.last_batch_ns = time.monotonic_ns()  # when a batch was last processed
         self._lock = threading.Lock()
         # the batch path and the collector's flusher thread both touch the LFTA tables
         self._data = threading.RLock()
@@ -131,6 +132,16 @@ class Engine:
         """Use ``plan`` from the next batch on."""
         with self._lock:
             self._pending = plan
+
+    def take_plan(self) -> None:
+        """Switch to a pending plan now (between batches), flushing the old plan's partials."""
+        with self._data:
+            self._current()
+
+    def running_version(self) -> int | None:
+        """The version of the plan the engine runs (None: it has run none)."""
+        c = self._c
+        return c.plan.version if c is not None else None
 
     def _count(self, c: _Compiled | None, n: int) -> None:
         v = c.plan.version if c is not None else 0
@@ -204,6 +215,7 @@ class Engine:
             self.spool.wait_for_room(self._stop, self._waiting)
         with self._data:
             kept = self._process(raw, source)
+            self.last_batch_ns = time.monotonic_ns()
             if self.checkpoint is not None:
                 self.position, self._dirty = position, True
                 self._commit()

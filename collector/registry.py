@@ -1,7 +1,8 @@
 """The query registry (SQLite): names, texts, slots and the plan version survive restarts.
 
-A deleted query's slot is held for ``slot_hold_s`` before reuse, so spool files and Spark state
-written under the old query can never be attributed to a new one (DESIGN, "slots").
+A deleted query's slot is held until the collector has seen that no spool file and no Spark
+state can still refer to it (``release``), so partials written under the old query are never
+attributed to a new one (DESIGN, "slots").
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ class QueryExists(ValueError):
 class Registry:
     """Registered queries and their slots, in SQLite."""
 
-    def __init__(self, path: str | Path, slot_hold_s: float = 600.0):
+    def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.slot_hold_s = slot_hold_s
         self._parsed: dict[tuple[str, str], Query] = {}  # (name, text) -> parsed query
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(self.path), check_same_thread=False)
@@ -40,21 +40,42 @@ class Registry:
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(queries)")}
         if "enabled" not in columns:  # a registry written before queries could be paused
             self._db.execute("ALTER TABLE queries ADD COLUMN enabled INTEGER NOT NULL DEFAULT 1")
+        freed = {r[1] for r in self._db.execute("PRAGMA table_info(freed_slots)")}
+        if "plan_version" not in freed:  # the plan that no longer holds the slot
+            self._db.execute("ALTER TABLE freed_slots ADD COLUMN plan_version INTEGER")
         self._db.commit()
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
-    def _free_slot(self, now: float) -> int:
+    def _free_slot(self) -> int:
         used = {r[0] for r in self._db.execute("SELECT slot FROM queries")}
-        held = {s for s, t in self._db.execute("SELECT slot, freed_at FROM freed_slots")
-                if now - t < self.slot_hold_s}
+        held = {r[0] for r in self._db.execute("SELECT slot FROM freed_slots")}
         slot = 0
         while slot in used or slot in held:
             slot += 1
-        self._db.execute("DELETE FROM freed_slots WHERE slot = ?", (slot,))
         return slot
+
+    def freed(self) -> list[tuple[int, int | None]]:
+        """Slots of deleted queries not released yet, with the first plan version without
+        them (None: not known yet)."""
+        with self._lock:
+            return list(self._db.execute("SELECT slot, plan_version FROM freed_slots "
+                                         "ORDER BY slot"))
+
+    def freed_by(self, slot: int, plan_version: int) -> None:
+        """Plan ``plan_version`` is the first without the deleted query of ``slot``."""
+        with self._lock:
+            self._db.execute("UPDATE freed_slots SET plan_version = ? WHERE slot = ? AND "
+                             "plan_version IS NULL", (plan_version, slot))
+            self._db.commit()
+
+    def release(self, slot: int) -> None:
+        """Nothing refers to ``slot`` any more: a new query may take it."""
+        with self._lock:
+            self._db.execute("DELETE FROM freed_slots WHERE slot = ?", (slot,))
+            self._db.commit()
 
     def add(self, name: str | None, text: str) -> Query:
         """Parse and register one query; raises QueryError or QueryExists."""
@@ -62,7 +83,7 @@ class Registry:
         with self._lock:
             if self._db.execute("SELECT 1 FROM queries WHERE name = ?", (q.name,)).fetchone():
                 raise QueryExists(f"query {q.name!r} exists; delete it first")
-            slot = self._free_slot(time.time())
+            slot = self._free_slot()
             self._db.execute("INSERT INTO queries (name, text, slot, created_at) "
                              "VALUES (?, ?, ?, ?)", (q.name, q.text, slot, time.time()))
             self._db.commit()
@@ -74,8 +95,8 @@ class Registry:
             if row is None:
                 return False
             self._db.execute("DELETE FROM queries WHERE name = ?", (name,))
-            self._db.execute("INSERT OR REPLACE INTO freed_slots VALUES (?, ?)",
-                             (row[0], time.time()))
+            self._db.execute("INSERT OR REPLACE INTO freed_slots (slot, freed_at, plan_version) "
+                             "VALUES (?, ?, NULL)", (row[0], time.time()))
             self._db.commit()
             return True
 

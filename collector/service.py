@@ -47,6 +47,9 @@ class Collector:
         self.engines: list[Engine] = []
         self.plan: Plan | None = None
         self._slot_queries: dict[int, Query] = {}
+        # a deleted query's slot -> (spool high-water marks, event time) once every engine
+        # runs a plan without it (release_slots)
+        self._slot_marks: dict[int, tuple[dict, int]] = {}
         self._rebuild_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -112,9 +115,11 @@ class Collector:
             try:
                 for e in self.engines:
                     e.flush_due(latest, time.monotonic_ns())
-                # a heartbeat closes windows only once every engine has flushed them
-                flushed = [e.flush_before(now) for e in self.engines] if live else []
-                if live and all(flushed):
+                # a heartbeat closes windows only once every engine has flushed them, and
+                # never while a live source reads a backlog (a restarted follower)
+                beat = live and all(self._caught_up(e, now) for e in live)
+                flushed = [e.flush_before(now) for e in self.engines] if beat else []
+                if beat and all(flushed):
                     for e in live:
                         e.heartbeat(now)
             except Exception as err:  # reported like a source's failure, never silent
@@ -135,6 +140,12 @@ class Collector:
                     self.metrics.spool_quarantined.set(self.spool.quarantined())
                 except Exception:  # the JVM itself is gone: /healthz says so
                     log.exception("supervising the Spark job failed")
+            try:
+                for e in self.engines:
+                    e.take_plan()  # an idle engine switches too (and flushes the old plan)
+                self.release_slots()
+            except Exception:  # noqa: BLE001 - the registry or spool folder: retried next tick
+                log.exception("releasing the slots of deleted queries failed")
 
     def stop(self) -> None:
         self._stop.set()
@@ -170,6 +181,16 @@ class Collector:
             self.source_errors.append(f"{src.name}: {e!r}")
             self.source_state[src.name] = f"failed: {e!r}"
             log.exception("source %s failed", src.name)
+
+    def _caught_up(self, e: Engine, now: int) -> bool:
+        """Whether live source engine ``e`` reads the present: its latest tuple is recent, or
+        it has had nothing to read for a while. A followed file restarted behind its writer is
+        not: a heartbeat would close the windows of the backlog it has still to read."""
+        if e.max_time is not None and e.max_time >= now - self.settings.spark.watermark_delay_s \
+                - 1:
+            return True
+        idle_s = (time.monotonic_ns() - e.last_batch_ns) / 1e9
+        return idle_s >= max(2 * self.settings.spark.trigger_s, 5.0)
 
     def _checkpoint(self, src) -> Checkpoint | None:
         """A loop-free file source resumes after what its last commit put in the spool
@@ -345,11 +366,42 @@ class Collector:
         return q
 
     def delete(self, name: str) -> bool:
-        if not self.registry.remove(name):
+        found = self.query(name)
+        if found is None or not self.registry.remove(name):
             return False
-        self.rebuild()
+        plan = self.rebuild()
+        self.registry.freed_by(found[1], plan.version)
         self.metrics.forget_query(name)
         return True
+
+    def release_slots(self) -> list[int]:
+        """Release the slots of deleted queries that nothing can refer to any more (the
+        daemon's clock calls this). A slot's partials were written under plans before the
+        first plan without it: once every engine runs that plan (switching flushed the old
+        plan's partials), the spool's files up to then are marked; the slot is free when Spark
+        has read them all and has closed every window they could add to. Returns the slots
+        released."""
+        released = []
+        for slot, version in self.registry.freed():
+            if version is None or any(e.running_version() is not None and
+                                      e.running_version() < version for e in self.engines):
+                continue
+            mark = self._slot_marks.get(slot)
+            if mark is None:  # every engine has switched: what can refer to it is written
+                times = [e.max_time for e in self.engines if e.max_time is not None]
+                self._slot_marks[slot] = (self.spool.high_water(), max(times, default=0))
+                continue
+            high_water, event_time = mark
+            if self.spool.holds_up_to(high_water):
+                continue  # Spark has not read every file that may hold its partials
+            if self.job is not None and any(
+                    self.job.complete_before.get(key, float("-inf")) <= event_time
+                    for key in list(self.job.queries) if key[1] != "select"):
+                continue  # a window their partials may add to is still open in Spark
+            self.registry.release(slot)
+            del self._slot_marks[slot]
+            released.append(slot)
+        return released
 
     def queries(self) -> list[tuple[Query, int]]:
         return self.registry.entries()

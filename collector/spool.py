@@ -71,6 +71,18 @@ def _is_spool_file(name: str) -> bool:
     return stem.isdigit() and f".{ext}" in SUFFIXES.values()
 
 
+def _name_seq(name: str) -> int | None:
+    """The sequence number of any spool file name: ``<seq>.parquet``, ``.<seq>.tmp``,
+    ``.<tag>.<seq>.held`` or ``.snap``; None for other names."""
+    if _is_spool_file(name):
+        return file_seq(Path(name))
+    parts = name.split(".")
+    if name.startswith(".") and parts[-1] in ("tmp", "held", "snap") and len(parts) >= 3 \
+            and parts[-2].isdigit():
+        return int(parts[-2])
+    return None
+
+
 def list_files(folder: Path) -> list[Path]:
     """Complete spool files of a folder, by sequence number."""
     try:
@@ -212,6 +224,34 @@ class Spool:
             return Held(held, final)
         os.replace(tmp, final)
         return final
+
+    def high_water(self) -> dict[Path, int]:
+        """Per folder, the sequence number of the latest file written (or being written)."""
+        out = {}
+        for folder in (p for p in self.root.glob("*/*") if p.is_dir()):
+            with self._lock:
+                seq = self._seq.get(folder)
+            if seq is None:
+                try:
+                    seq = int((folder / "_seq").read_text())
+                except (FileNotFoundError, ValueError):
+                    seq = -1
+            out[folder] = seq
+        return out
+
+    def holds_up_to(self, high_water: dict[Path, int]) -> bool:
+        """Whether any file numbered at or below a folder's ``high_water`` mark is still in
+        it (visible, held, a snapshot or being written): Spark has not read all of them."""
+        for folder, top in high_water.items():
+            try:
+                names = os.listdir(folder)
+            except FileNotFoundError:
+                continue
+            for n in names:
+                seq = _name_seq(n)
+                if seq is not None and seq <= top:
+                    return True
+        return False
 
     def held_files(self, hold: str) -> list[Path]:
         """Every hidden file a writer tagged ``hold`` left (published or not)."""

@@ -1,0 +1,63 @@
+"""A deleted query's slot comes back only when nothing can refer to it (issue 13): every engine
+runs a plan without it, Spark has read every spool file written until then, and the windows
+those files could add to are closed. No timer."""
+
+from __future__ import annotations
+
+import threading
+
+from collector.config import SourceConfig, load_settings
+from collector.service import Collector
+from collector.spool import list_files
+from tests.collector.test_lfta_pipeline import spread
+
+Q = "SELECT time/5 AS t, src_ip, count(*) AS n FROM packets GROUP BY time/5, src_ip"
+
+
+class SparkStub:
+    """What release_slots asks of the Spark job: its folders and how far each is answered
+    for good (the rest of SparkJob is not needed here)."""
+
+    def __init__(self):
+        self.queries = {("packets", "5"): None}
+        self.complete_before: dict = {}
+
+    def ensure(self, folders) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def test_a_slot_is_released_when_no_file_or_window_can_refer_to_it(tmp_path):
+    path, _ = spread(tmp_path, "ok.pcap", 0.05)
+    src = SourceConfig(type="pcap", name="file", path=str(path), loop=False, restamp=False)
+    c = Collector(load_settings(var_dir=tmp_path / "var", initial_queries=None, sources=[src]))
+    c.start(with_sources=False, with_spark=False)
+    try:
+        c.job = SparkStub()
+        for name in ("a", "b"):
+            c.register(name, Q)
+        engine, source = c.engines[0], c.sources[0]
+        for raw in source.batches(threading.Event()):
+            engine.process(raw, "file", source.position())
+        slot_b = c.query("b")[1]
+        assert c.delete("b")
+        assert c.release_slots() == []  # the engine still runs the plan with b
+        engine.take_plan()  # its next batch (or the daemon's clock) switches and flushes
+        engine.commit(force=True)  # a durable (loop-free) source publishes what it holds
+        assert c.release_slots() == []  # marks the spool: files up to here may hold b's rows
+        files = [f for d in c.settings.spool_dir.glob("*/*") for f in list_files(d)]
+        assert files
+        c.register("c", Q)
+        assert c.query("c")[1] != slot_b  # held: unread files may hold its partials
+        for f in files:  # Spark reads them
+            f.unlink()
+        assert c.release_slots() == []  # but the windows they add to are still open
+        c.job.complete_before[("packets", "5")] = engine.max_time + 1.0
+        assert c.release_slots() == [slot_b]
+        c.register("d", Q)
+        assert c.query("d")[1] == slot_b
+    finally:
+        c.job = None
+        c.stop()
