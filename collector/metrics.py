@@ -103,6 +103,9 @@ class Metrics:
                                        registry=r)
         self.spark_up = Gauge("flowsieve_spark_up", "1 while every Spark streaming query runs",
                               registry=r)
+        self.spark_jvm_restarts = Counter("flowsieve_spark_jvm_restarts",
+                                          "Times the Spark JVM died and a new one was started",
+                                          registry=r)
         self.spark_batches = Counter("flowsieve_spark_batches", "Spark micro-batches completed",
                                      ["stream", "folder"], registry=r)
         self.spark_batch_seconds = Histogram(

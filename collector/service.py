@@ -80,16 +80,9 @@ class Collector:
                                checkpoint=self._checkpoint(src), commit_s=s.spool.commit_s)
                         for c, src in zip(s.sources, self.sources, strict=True)]
         self.rebuild()
+        self._with_spark = with_spark
         if with_spark:
-            from collector.spark.job import SparkJob, build_session, class_archive_path
-            self.spark = self._spark or build_session(
-                s.spark.master, s.spark.driver_memory, s.spark.shuffle_partitions,
-                s.spark.state_store == "rocksdb", s.spark.extra,
-                class_archive=class_archive_path(s.var_dir) if s.spark.class_archive else None)
-            self.job = SparkJob(self.spark, s.spool_dir, s.results_dir, s.checkpoint_dir,
-                                self._slot_queries.get, s.spark.watermark_delay_s,
-                                self.metrics, s.spark.trigger_s, s.spool.format)
-            self.job.ensure(self.folders())
+            self._start_spark()
         if with_sources:
             for src, eng in zip(self.sources, self.engines, strict=True):
                 t = threading.Thread(target=self._run_source, args=(src, eng),
@@ -134,6 +127,11 @@ class Collector:
             for stream, (entries, nbytes) in usage.items():
                 self.metrics.lfta_entries.labels(stream).set(entries)
                 self.metrics.lfta_bytes.labels(stream).set(nbytes)
+            if self._with_spark and (self.job is None or self._jvm_gone()):
+                try:
+                    self._restart_spark()
+                except Exception:  # noqa: BLE001 - tried again on the next tick
+                    log.exception("restarting Spark failed")
             if self.job is not None:
                 try:
                     self.job.supervise(self.settings.spark.restart_backoff_s)
@@ -181,6 +179,41 @@ class Collector:
             self.source_errors.append(f"{src.name}: {e!r}")
             self.source_state[src.name] = f"failed: {e!r}"
             log.exception("source %s failed", src.name)
+
+    def _start_spark(self) -> None:
+        """The Spark session (unless one was given) and the streaming queries of the plan."""
+        from collector.spark.job import SparkJob, build_session, class_archive_path
+        s = self.settings
+        self.spark = self._spark or build_session(
+            s.spark.master, s.spark.driver_memory, s.spark.shuffle_partitions,
+            s.spark.state_store == "rocksdb", s.spark.extra,
+            class_archive=class_archive_path(s.var_dir) if s.spark.class_archive else None)
+        self.job = SparkJob(self.spark, s.spool_dir, s.results_dir, s.checkpoint_dir,
+                            self._slot_queries.get, s.spark.watermark_delay_s,
+                            self.metrics, s.spark.trigger_s, s.spool.format)
+        self.job.ensure(self.folders())
+
+    def _jvm_gone(self) -> bool:
+        """The JVM this process launched for Spark has died (killed, out of memory)."""
+        from pyspark import SparkContext
+        proc = getattr(SparkContext._gateway, "proc", None)
+        return self._spark is None and proc is not None and proc.poll() is not None
+
+    def _restart_spark(self) -> None:
+        """A new JVM, session and streaming queries after the JVM died: each query resumes
+        from its checkpoint (the spool files it had not committed are read again; a window's
+        answer written again replaces itself). The capture side kept spooling meanwhile."""
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+        if self.job is not None:
+            log.error("the Spark JVM died (exit %s): starting a new one",
+                      SparkContext._gateway.proc.returncode)
+            self.metrics.spark_jvm_restarts.inc()
+            self.job = None
+        SparkContext._gateway = SparkContext._jvm = None
+        SparkContext._active_spark_context = None
+        SparkSession._instantiatedSession = SparkSession._activeSession = None
+        self._start_spark()
 
     def _caught_up(self, e: Engine, now: int) -> bool:
         """Whether live source engine ``e`` reads the present: its latest tuple is recent, or

@@ -53,38 +53,60 @@ def metric(text: str, name: str, labels: str = "") -> float:
     return 0.0
 
 
-@pytest.fixture
-def daemon(tmp_path):
+def daemon_config(tmp_path, sources: list[str], queries: str | None) -> tuple[Path, int]:
+    """A test daemon's configuration (a small local Spark, 1 s trigger) with these source
+    lines (YAML flow mappings) and queries; its path and API port."""
     port = free_port()
-    (tmp_path / "q.sql").write_text(Q123_5S)
+    initial = "null"
+    if queries is not None:
+        (tmp_path / "q.sql").write_text(queries)
+        initial = str(tmp_path / "q.sql")
     cfg = tmp_path / "config.yaml"
     cfg.write_text(f"""
 var_dir: {tmp_path / 'var'}
 api: {{host: 127.0.0.1, port: {port}}}
 spark: {{master: "local[2]", driver_memory: 1g, shuffle_partitions: 2, trigger_s: 1}}
-initial_queries: {tmp_path / 'q.sql'}
+initial_queries: {initial}
 sources:
-  - {{type: pcap, name: sample, loop: true, restamp: true}}
-  - {{type: pcap, name: appended, path: {tmp_path / 'appended.pcap'}, follow: true}}
-""")
+""" + "".join(f"  - {line}\n" for line in sources))
+    return cfg, port
+
+
+def start_daemon(cfg: Path, log) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "api.cli", "run", "--config", str(cfg)],
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def stop_daemon(proc: subprocess.Popen) -> None:
+    """SIGTERM, and SIGKILL if it does not stop within a minute."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    cfg, port = daemon_config(tmp_path, [
+        "{type: pcap, name: sample, loop: true, restamp: true}",
+        f"{{type: pcap, name: appended, path: {tmp_path / 'appended.pcap'}, follow: true}}"],
+        Q123_5S)
     with open(tmp_path / "appended.pcap", "wb") as f:  # the header now, packets later
         dpkt.pcap.Writer(f, snaplen=262144)
     log = open(tmp_path / "daemon.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "api.cli", "run", "--config", str(cfg)],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = start_daemon(cfg, log)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: httpx.get(base + "/healthz", timeout=5).status_code == 200, 180,
                  "the API")
         yield base, proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_daemon(proc)
         log.close()
         if proc.returncode not in (0, -signal.SIGTERM):
             sys.stderr.write((tmp_path / "daemon.log").read_text()[-5000:])

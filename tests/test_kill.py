@@ -1,6 +1,7 @@
 """Nothing lost, nothing twice (issue 13): `flowsieve run` follows a capture that grows in real
-time and is killed with SIGKILL (its Spark JVM with it) at five seeded random points, restarted
-each time; at the end every window's answers equal a replay of the whole capture."""
+time; at five seeded random points the daemon (its Spark JVM with it) or its Spark JVM alone is
+killed with SIGKILL — the daemon is started again, or starts a new JVM itself; at the end every
+window's answers equal a replay of the whole capture, every packet counted once."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 
 import httpx
@@ -17,8 +17,7 @@ import pytest
 from collector.replay import replay
 from collector.results import rows_of
 from planner.query import parse_queries
-from tests.conftest import ROOT
-from tests.test_daemon import free_port, wait_for
+from tests.test_daemon import daemon_config, metric, start_daemon, stop_daemon, wait_for
 from tests.test_hot_swap import PERIOD, Feeder, answers, whole_windows
 
 pytestmark = pytest.mark.slow
@@ -37,6 +36,14 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in r.stdout.split()]
 
 
+def comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return ""
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -51,43 +58,45 @@ def alive(pid: int) -> bool:
 
 
 def test_killed_daemon_answers_every_window_once(tmp_path, spark):
-    port = free_port()
-    (tmp_path / "q.sql").write_text(QUERIES)
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(f"""
-var_dir: {tmp_path / 'var'}
-api: {{host: 127.0.0.1, port: {port}}}
-spark: {{master: "local[2]", driver_memory: 1g, shuffle_partitions: 2, trigger_s: 1}}
-initial_queries: {tmp_path / 'q.sql'}
-sources:
-  - {{type: pcap, name: traffic, path: {tmp_path / 'traffic.pcap'}, follow: true}}
-""")
+    cfg, port = daemon_config(tmp_path, [
+        f"{{type: pcap, name: traffic, path: {tmp_path / 'traffic.pcap'}, follow: true}}"],
+        QUERIES)
     feeder = Feeder(tmp_path / "traffic.pcap", per_tick=20)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
     rnd = random.Random(13)
     log = open(tmp_path / "daemon.log", "a")
 
     def start() -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-m", "api.cli", "run", "--config", str(cfg)],
-                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = start_daemon(cfg, log)
         wait_for(lambda: client.get("/readyz").status_code == 200, 240, "the daemon ready")
         return proc
 
     proc = None
-    kills = 0
+    restarts = jvm_restarts = 0
+    victims = ["daemon"] * 3 + ["spark"] * 2
+    rnd.shuffle(victims)
     try:
         feeder.start()
-        while kills < 5:
-            proc = start()
-            time.sleep(rnd.uniform(1.0, 9.0))  # a random point of its life
-            jvms = children(proc.pid)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            kills += 1
-            # the JVM exits when its parent's pipe closes; the next daemon needs its locks
-            wait_for(lambda jvms=jvms: not any(alive(p) for p in jvms), 120, "the JVM gone")
         proc = start()
+        for victim in victims:
+            time.sleep(rnd.uniform(0.5, 5.0))  # a random point of its life
+            jvms = [p for p in children(proc.pid) if comm(p) == "java"]
+            assert len(jvms) == 1
+            if victim == "daemon":  # its JVM exits once the daemon's pipe closes
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+            else:  # the Spark job alone: the daemon starts a new JVM
+                os.kill(jvms[0], signal.SIGKILL)
+            wait_for(lambda jvms=jvms: not any(alive(p) for p in jvms), 120, "the JVM gone")
+            if victim == "daemon":
+                proc, jvm_restarts = start(), 0  # a new process counts from zero
+            else:
+                restarts += 1
+                jvm_restarts += 1
+                wait_for(lambda n=jvm_restarts: metric(
+                    client.get("/metrics").text, "flowsieve_spark_jvm_restarts_total") == n,
+                    120, "a new JVM")
+                wait_for(lambda: client.get("/readyz").status_code == 200, 240, "Spark again")
         time.sleep(5)
         feeder.stop.set()
         feeder.join(10)
@@ -99,15 +108,10 @@ sources:
     finally:
         feeder.stop.set()
         client.close()
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None:
+            stop_daemon(proc)
         log.close()
-    assert kills == 5
+    assert restarts == 2
     res = replay(tmp_path / "traffic.pcap", parse_queries(QUERIES), tmp_path / "replay", spark)
     assert res.error is None
     want = {q.name: rows_of(q, t) for q, t in res.answers}
