@@ -32,7 +32,7 @@ run: $(STAMP) java
 
 # The whole suite, slow (Spark, daemon) tests included; exit code 5 (no tests) is a failure.
 test: $(STAMP) java
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=12
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
