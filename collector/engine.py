@@ -106,7 +106,7 @@ class Engine:
         self.watermark_delay_s = watermark_delay_s
         # a full spool: this source waits (block: files) or drops and counts (drop: live);
         # None: the spool's own policy
-        self.source, self.spool_policy = source, spool_policy
+        self.source, self.spool_policy = source, spool_policy or spool.policy
         self._stop, self._waiting = stop, waiting
         # a durable source (collector/durability.py): spool files stay held until a commit
         # publishes them with the read position that follows the tuples they hold
@@ -207,8 +207,8 @@ class Engine:
         """Unpack, prefilter and spool one batch; return the tuples kept. Flow records arrive
         decoded (a FlowBatch from the NetFlow/IPFIX decoder). ``position``: where the source
         is once this batch is read (a durable source commits it)."""
-        if self.checkpoint is not None and (self.spool_policy or self.spool.policy) == "block" \
-                and not self.spool.has_room():
+        if self.checkpoint is not None and self.spool_policy == "block" and \
+                not self.spool.has_room():
             # a durable source waits between batches, after a commit: its held files become
             # room (Spark reads them) only once published, so it never waits inside a batch
             self.commit(force=True)
@@ -355,8 +355,7 @@ class Engine:
     def _would_wait(self) -> bool:
         """A write now would wait for room (policy block, spool full): the daemon's shared
         clock thread leaves this engine alone then; the source's own thread waits."""
-        return (self.spool_policy or self.spool.policy) == "block" and \
-            not self.spool.has_room()
+        return self.spool_policy == "block" and not self.spool.has_room()
 
     def _close_windows(self, c: _Compiled, now_ns: int, event_time: int | None = None) -> None:
         """Flush the windows the event time has passed (end + watermark delay), and rows that
@@ -416,9 +415,8 @@ class Engine:
         if self.checkpoint is None:
             return self.spool.write(self.stream, folder, batch, self.spool_policy, self._stop,
                                     self._waiting)
-        policy = self.spool_policy or self.spool.policy
         held = self.spool.write(self.stream, folder, batch,
-                                "force" if policy == "block" else policy, self._stop,
+                                "force" if self.spool_policy == "block" else "drop", self._stop,
                                 self._waiting, hold=self.checkpoint.tag)
         if held is not None:
             self._held.append(held)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -76,7 +75,7 @@ class Collector:
                                s.spark.watermark_delay_s, self.meter, s.asc, s.lfta,
                                self.sampler, source=c.name,
                                spool_policy=c.spool_policy(s.spool.policy), stop=self._stop,
-                               waiting=self._spool_waiting(c.name),
+                               waiting=self.metrics.spool_wait.labels(c.name).inc,
                                checkpoint=self._checkpoint(src), commit_s=s.spool.commit_s)
                         for c, src in zip(s.sources, self.sources, strict=True)]
         self.rebuild()
@@ -240,14 +239,6 @@ class Collector:
         elif position:
             log.info("source %s resumes after record %d", src.name, position["records"])
         return cp
-
-    def _spool_waiting(self, name: str) -> Callable[[float], None]:
-        """The engine of source ``name`` waited this long for room in a full spool."""
-        self.metrics.spool_wait.labels(name)
-
-        def waited(seconds: float) -> None:
-            self.metrics.spool_wait.labels(name).inc(seconds)
-        return waited
 
     def not_ready(self) -> list[str]:
         """Why the daemon cannot serve its queries now (empty: ready): Spark not started or a
@@ -415,9 +406,9 @@ class Collector:
         has read them all and has closed every window they could add to. Returns the slots
         released."""
         released = []
+        running = [v for v in (e.running_version() for e in self.engines) if v is not None]
         for slot, version in self.registry.freed():
-            if version is None or any(e.running_version() is not None and
-                                      e.running_version() < version for e in self.engines):
+            if version is None or any(v < version for v in running):
                 continue
             mark = self._slot_marks.get(slot)
             if mark is None:  # every engine has switched: what can refer to it is written
