@@ -62,8 +62,10 @@ def churn_queries(n: int, seed: int) -> dict[str, str]:
 
 
 class Feeder(threading.Thread):
-    """Appends the sample capture's packets to a pcap in a loop, stamped with the wall clock,
-    ``per_tick`` every ``tick`` seconds (about 200 packets/s)."""
+    """Appends the sample capture's packets to a pcap in a loop, ``per_tick`` every ``tick``
+    seconds (about 200 packets/s), stamped with the wall clock spread over the tick just past:
+    never later than written, so a packet stamped after a registration returned was read (and
+    processed) under the plan that registration made."""
 
     def __init__(self, path, per_tick: int = 40, tick: float = 0.2):
         super().__init__(daemon=True)
@@ -84,7 +86,7 @@ class Feeder(threading.Thread):
                 t0 = time.time()
                 for j in range(self.per_tick):
                     k = i % len(self.frames)
-                    ts = t0 + j * self.tick / self.per_tick
+                    ts = t0 - self.tick + (j + 1) * self.tick / self.per_tick
                     sec = int(ts)
                     buf = self.frames[k]
                     f.write(struct.pack("<IIII", sec, int((ts - sec) * 1e6), len(buf),
