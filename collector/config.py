@@ -253,7 +253,9 @@ class Settings(BaseSettings):
                                       extra="forbid")
 
     var_dir: Path = Field(Path("var"), description="spool/, results/, checkpoints/, registry")
-    probe: str = "flowsieve"
+    probe: str = Field("flowsieve", pattern=r"^[A-Za-z0-9_-]{1,64}$",
+                       description="this capture daemon's name: its spool files and rows carry "
+                                   "it (several probes may write one spool)")
     api: ApiConfig = Field(default_factory=ApiConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     spool: SpoolConfig = Field(default_factory=SpoolConfig)

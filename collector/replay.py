@@ -111,7 +111,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     metrics = metrics or Metrics()
     # nothing consumes the spool before the end of the input: a full one is an error
     spool = Spool(work / "spool", settings.spool.max_bytes, "block", 0.0,
-                  format=settings.spool.format)
+                  format=settings.spool.format, probe=settings.probe)
     plan = build_plan(queries, **settings.plan_options())
     if settings.planner.measure_tuples:
         report("measuring", 0)

@@ -65,7 +65,8 @@ class Collector:
         for d in (s.var_dir, s.spool_dir, s.results_dir, s.checkpoint_dir):
             Path(d).mkdir(parents=True, exist_ok=True)
         self.registry = Registry(s.registry_path)
-        self.spool = Spool(s.spool_dir, s.spool.max_bytes, "drop", format=s.spool.format)
+        self.spool = Spool(s.spool_dir, s.spool.max_bytes, "drop", format=s.spool.format,
+                           probe=s.probe)
         if not self.registry.entries() and s.initial_queries:
             for q in parse_queries(Path(s.initial_queries).read_text()):
                 self.registry.add(q.name, q.text)

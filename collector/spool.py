@@ -3,12 +3,16 @@ with an atomic rename. Parquet is read by Spark's own file source, Arrow IPC by 
 data source (collector/spark/source.py); bench/README.md says why Parquet is the default.
 
 It is the contract between capture daemons and Spark. The schema is fixed per (stream, period),
-so registering a query never restarts Spark (DESIGN, "Spool batch").
+so registering a query never restarts Spark (DESIGN, "Spool batch"). Several capture daemons
+(probes) may write one spool on shared storage: each numbers its own files,
+``<seq>.<probe>.parquet`` with a high-water mark ``_seq.<probe>`` per folder, so no two writers
+ever need a lock or pick the same name.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +28,7 @@ from capture.fields import fields, measures
 
 SUFFIXES = {"parquet": ".parquet", "arrow": ".arrow"}
 TS_US = pa.timestamp("us", tz="UTC")
+PROBE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def aggregate_schema(stream: str) -> pa.Schema:
@@ -67,20 +72,29 @@ def file_seq(path: Path) -> int:
 
 
 def _is_spool_file(name: str) -> bool:
-    stem, _, ext = name.partition(".")
-    return stem.isdigit() and f".{ext}" in SUFFIXES.values()
-
-
-def _name_seq(name: str) -> int | None:
-    """The sequence number of any spool file name: ``<seq>.parquet``, ``.<seq>.tmp``,
-    ``.<tag>.<seq>.held`` or ``.snap``; None for other names."""
-    if _is_spool_file(name):
-        return file_seq(Path(name))
+    """``<seq>.<probe>.parquet`` (or ``<seq>.parquet``, written before probes had names)."""
     parts = name.split(".")
-    if name.startswith(".") and parts[-1] in ("tmp", "held", "snap") and len(parts) >= 3 \
+    return parts[0].isdigit() and len(parts) in (2, 3) and f".{parts[-1]}" in SUFFIXES.values()
+
+
+def _name_seq(name: str, probe: str | None = None) -> int | None:
+    """The sequence number of any spool file name: ``<seq>.<probe>.parquet``,
+    ``.<probe>.<seq>.tmp``, ``.<probe>-<source>.<seq>.held`` or ``.snap``; None for other
+    names and, given ``probe``, for another probe's files (a name without a probe is
+    anyone's)."""
+    parts = name.split(".")
+    if _is_spool_file(name):
+        mine = len(parts) == 2 or probe in (None, parts[1])
+        seq = int(parts[0])
+    elif name.startswith(".") and parts[-1] in ("tmp", "held", "snap") and len(parts) >= 4 \
             and parts[-2].isdigit():
-        return int(parts[-2])
-    return None
+        tag = parts[1]
+        mine = probe is None or tag == probe or (parts[-1] != "tmp" and
+                                                 tag.startswith(f"{probe}-"))
+        seq = int(parts[-2])
+    else:
+        return None
+    return seq if mine else None
 
 
 def list_files(folder: Path) -> list[Path]:
@@ -97,15 +111,20 @@ class SpoolFull(RuntimeError):
 
 
 class Spool:
-    """Writes spool files under ``root/<stream>/<folder>/`` with sequence numbers that never
-    repeat (a high-water mark survives restarts and Spark's deletion of committed files)."""
+    """Writes ``probe``'s spool files under ``root/<stream>/<folder>/`` with sequence numbers
+    that never repeat (a high-water mark survives restarts and Spark's deletion of committed
+    files)."""
 
     def __init__(self, root: str | os.PathLike, max_bytes: int = 8 << 30, policy: str = "block",
-                 block_timeout_s: float | None = None, format: str = "parquet"):  # noqa: A002
+                 block_timeout_s: float | None = None, format: str = "parquet",  # noqa: A002
+                 probe: str = "flowsieve"):
         if policy not in ("block", "drop"):
             raise ValueError("spool policy is 'block' or 'drop'")
         if format not in SUFFIXES:
             raise ValueError(f"spool format is one of {', '.join(SUFFIXES)}")
+        if not PROBE_NAME.fullmatch(probe):
+            raise ValueError(f"probe name {probe!r}: 1 to 64 letters, digits, '_' or '-'")
+        self.probe = probe
         self.format = format
         self.root = Path(root)
         self.max_bytes = max_bytes
@@ -123,16 +142,29 @@ class Spool:
 
     def _next_seq(self, folder: Path) -> int:
         if folder not in self._seq:
-            hwm = folder / "_seq"
-            last = int(hwm.read_text()) if hwm.exists() else -1
-            files = list_files(folder)
-            self._seq[folder] = max([last] + [file_seq(f) for f in files])
+            self._seq[folder] = self._stored_seq(folder)
         self._seq[folder] += 1
         seq = self._seq[folder]
-        tmp = folder / "._seq.tmp"
+        tmp = folder / f"._seq.{self.probe}.tmp"
         tmp.write_text(str(seq))
-        os.replace(tmp, folder / "_seq")
+        os.replace(tmp, folder / f"_seq.{self.probe}")
         return seq
+
+    def _stored_seq(self, folder: Path) -> int:
+        """This probe's latest sequence number in ``folder`` (its mark, or its files; a
+        spool written before probes had names: the folder's ``_seq`` and unnamed files)."""
+        marks = [-1]
+        for name in (f"_seq.{self.probe}", "_seq"):
+            try:
+                marks.append(int((folder / name).read_text()))
+            except (FileNotFoundError, ValueError):
+                pass
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            names = []
+        marks += [s for s in (_name_seq(n, self.probe) for n in names) if s is not None]
+        return max(marks)
 
     def size(self) -> int:
         total = 0
@@ -206,8 +238,8 @@ class Spool:
         path_dir = self.folder(stream, folder)
         with self._lock:
             seq = self._next_seq(path_dir)
-        final = path_dir / f"{seq:016d}{SUFFIXES[self.format]}"
-        tmp = path_dir / f".{seq:016d}.tmp"  # hidden: no reader lists it
+        final = path_dir / f"{seq:016d}.{self.probe}{SUFFIXES[self.format]}"
+        tmp = path_dir / f".{self.probe}.{seq:016d}.tmp"  # hidden: no reader lists it
         schema = schema_for(stream, folder)
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
         table = table.select(schema.names).cast(schema)
@@ -226,29 +258,26 @@ class Spool:
         return final
 
     def high_water(self) -> dict[Path, int]:
-        """Per folder, the sequence number of the latest file written (or being written)."""
+        """Per folder, the sequence number of this probe's latest file written (or being
+        written)."""
         out = {}
         for folder in (p for p in self.root.glob("*/*") if p.is_dir()):
             with self._lock:
                 seq = self._seq.get(folder)
-            if seq is None:
-                try:
-                    seq = int((folder / "_seq").read_text())
-                except (FileNotFoundError, ValueError):
-                    seq = -1
-            out[folder] = seq
+            out[folder] = self._stored_seq(folder) if seq is None else seq
         return out
 
     def holds_up_to(self, high_water: dict[Path, int]) -> bool:
-        """Whether any file numbered at or below a folder's ``high_water`` mark is still in
-        it (visible, held, a snapshot or being written): Spark has not read all of them."""
+        """Whether any of this probe's files numbered at or below a folder's ``high_water``
+        mark is still in it (visible, held, a snapshot or being written): Spark has not read
+        all of them."""
         for folder, top in high_water.items():
             try:
                 names = os.listdir(folder)
             except FileNotFoundError:
                 continue
             for n in names:
-                seq = _name_seq(n)
+                seq = _name_seq(n, self.probe)
                 if seq is not None and seq <= top:
                     return True
         return False

@@ -1,9 +1,14 @@
 """flowsieve's Python streaming data source over one spool folder.
 
-Offsets are file sequence numbers (``{"seq": N}``: every file with a sequence number up to N).
-``partitions`` is deterministic for a logged (start, end) because files stay until ``commit``
-releases them, so a restarted query re-plans its last batch exactly (FACTS, Spark).
-Holds only picklable state: options parsed into typed fields.
+An offset names the files of its batch (``{"batch": N, "files": [...], "prev": [...]}``), not a
+sequence number: several probes number their files independently, and a durable source publishes
+a file later than files numbered after it, so files do not appear in sequence order. A batch
+takes every file present except the previous batch's (Spark commits a batch's files only after
+it has planned the next one); ``commit`` deletes the batch's files and the previous batch's (a
+crash may have come between Spark's commit log and ours). ``partitions`` is deterministic for a
+logged (start, end) because files stay until ``commit`` releases them, so a restarted query
+re-plans its last batch exactly (FACTS, Spark). Holds only picklable state: options parsed into
+typed fields.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from collector.spool import file_seq, list_files, schema_for, spark_ddl
+
+START = {"batch": -1, "files": [], "prev": []}
 
 FILES_PER_PARTITION = 16
 QUARANTINE = "bad"
@@ -75,27 +82,36 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.path = path
         self.stream = stream
         self.folder = folder
-        self.target: int | None = None
+        self.target: set[str] | None = None
 
-    def _latest(self) -> int:
+    def _new(self, start: dict) -> list[str]:
+        """Files present that no batch up to ``start`` took (an offset of an older version,
+        ``{"seq": N}``, took every file numbered up to N)."""
+        done = set(start.get("files", ()))
         files = list_files(Path(self.path))
-        return file_seq(files[-1]) if files else -1
+        if "seq" in start:
+            files = [f for f in files if file_seq(f) > start["seq"]]
+        return [f.name for f in files if f.name not in done]
 
     def initialOffset(self) -> dict:
-        return {"seq": -1}
+        return dict(START)
 
     def latestOffset(self, start: dict, limit) -> dict:
-        latest = max(self._latest(), start["seq"])
+        new = self._new(start)
         if self.target is not None:
-            latest = min(latest, max(self.target, start["seq"]))
-        return {"seq": latest}
+            new = [n for n in new if n in self.target]
+        if not new:
+            return start
+        return {"batch": start.get("batch", -1) + 1, "files": new,
+                "prev": list(start.get("files", ()))}
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = self._latest()
+        self.target = {f.name for f in list_files(Path(self.path))}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        lo, hi = start["seq"], end["seq"]
-        paths = [str(f) for f in list_files(Path(self.path)) if lo < file_seq(f) <= hi]
+        if end == start:
+            return []
+        paths = [os.path.join(self.path, n) for n in end["files"]]
         return [SpoolPartition(paths[i:i + FILES_PER_PARTITION])
                 for i in range(0, len(paths), FILES_PER_PARTITION)]
 
@@ -115,9 +131,12 @@ class SpoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 yield batch
 
     def commit(self, end: dict) -> None:
-        for f in list_files(Path(self.path)):
-            if file_seq(f) <= end["seq"]:
-                try:
-                    os.remove(f)
-                except FileNotFoundError:
-                    pass
+        if "seq" in end:  # an older version's offset
+            names = [f.name for f in list_files(Path(self.path)) if file_seq(f) <= end["seq"]]
+        else:
+            names = [*end["prev"], *end["files"]]
+        for n in names:
+            try:
+                os.remove(os.path.join(self.path, n))
+            except FileNotFoundError:
+                pass

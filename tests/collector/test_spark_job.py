@@ -4,6 +4,7 @@ back-off, and answers what the spool held meanwhile."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -159,3 +160,42 @@ def test_a_batch_run_again_replaces_its_windows_answers(spark, tmp_path):
     assert {q.name: t.num_rows for q, t in pairs} == first
     assert answers_of(pairs) == reference(recs)
     assert sum(len(v) for v in reference(recs).values()) == sum(first.values())
+
+
+def test_the_spool_reader_takes_files_in_any_order(tmp_path):
+    """flowsieve's reader (spool.format: arrow) under several probes and durable sources: files
+    appear out of sequence order (probes number their own; a held file is published after
+    files numbered later). A batch takes every file no earlier batch took; Spark replans a
+    logged batch exactly; commit deletes the batch's files and the previous batch's (a crash
+    between Spark's commit log and ours leaves them), and an older offset (``{"seq": N}``)
+    still means "every file numbered up to N"."""
+    from collector.spark.source import SpoolStreamReader
+    from collector.spool import punctuation
+    a = Spool(tmp_path / "spool", format="arrow", probe="a")
+    b = Spool(tmp_path / "spool", format="arrow", probe="b")
+    row = punctuation("packets", 1_700_000_040, 1, "x")
+    folder = a.folder("packets", "60")
+    reader = SpoolStreamReader(str(folder), "packets", "60")
+
+    def names(offset) -> list[str]:
+        return sorted(os.path.basename(x) for part in reader.partitions(start, offset)
+                      for x in part.paths)
+
+    start = reader.initialOffset()
+    for _ in range(3):
+        a.write("packets", "60", row)  # a: 0, 1, 2
+    held = b.write("packets", "60", row, hold="b-src")  # b: 0, hidden
+    first = reader.latestOffset(start, None)
+    assert names(first) == [f"{s:016d}.a.arrow" for s in (0, 1, 2)]
+    assert reader.latestOffset(start, None) == first  # a logged batch replans the same
+    b.write("packets", "60", row)  # b: 1
+    held.publish()  # b: 0, after b: 1 and a: 0-2
+    start, second = first, reader.latestOffset(first, None)
+    assert names(second) == [f"{0:016d}.b.arrow", f"{1:016d}.b.arrow"]
+    reader.commit(second)  # the first batch's commit never ran (a crash): this one clears both
+    assert list_files(folder) == []
+    assert reader.latestOffset(second, None) == second  # nothing new: no batch
+    for _ in range(2):
+        a.write("packets", "60", row)  # a: 3, 4
+    reader.commit({"seq": 3})
+    assert [p.name for p in list_files(folder)] == [f"{4:016d}.a.arrow"]

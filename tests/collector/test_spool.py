@@ -29,6 +29,37 @@ def test_bound_drop_and_room_after_commit(tmp_path, fmt):
     assert [int(f.name.split(".")[0]) for f in list_files(folder)] == [2, 3, 4]
 
 
+def test_probes_share_a_spool_without_a_lock(tmp_path):
+    """Two capture daemons writing one spool (shared storage): each numbers its own files, so
+    neither overwrites the other's; each one's high-water mark and "holds up to" see its own
+    files only (a slow probe never keeps another's slots from being released); a spool written
+    before probes had names goes on from its sequence."""
+    import pyarrow.parquet as pq
+    folder = tmp_path / "spool" / "packets" / "60"
+    folder.mkdir(parents=True)
+    (folder / "_seq").write_text("6")  # the unnamed writer's mark, as an older version left it
+    a, b = Spool(tmp_path / "spool", probe="edge-a"), Spool(tmp_path / "spool", probe="edge_b")
+    for i in range(3):
+        a.write("packets", "60", punctuation("packets", 1_700_000_040 + i, 1, "edge-a"))
+        b.write("packets", "60", punctuation("packets", 1_700_000_040 + i, 1, "edge_b"))
+    names = sorted(p.name for p in list_files(folder))
+    assert names == [f"{s:016d}.{p}.parquet" for s in (7, 8, 9) for p in ("edge-a", "edge_b")]
+    assert all(pq.read_table(folder / n).column("probe")[0].as_py() == n.split(".")[1]
+               for n in names)
+    mark = a.high_water()
+    assert mark == {folder: 9} and b.high_water() == {folder: 9}
+    for n in names:
+        if "edge-a" in n:
+            os.remove(folder / n)  # Spark read a's files
+    assert not a.holds_up_to(mark)  # b's unread files are b's business
+    assert b.holds_up_to(mark)
+    again = Spool(tmp_path / "spool", probe="edge-a")  # a restart continues its numbering
+    assert again.write("packets", "60", punctuation("packets", 1, 1, "edge-a")).name == \
+        f"{10:016d}.edge-a.parquet"
+    with pytest.raises(ValueError, match="probe name"):
+        Spool(tmp_path / "spool", probe="a.b")
+
+
 def test_block_without_a_consumer_is_an_error(tmp_path):
     row = punctuation("packets", 1_700_000_040, 1, "probe")
     spool = Spool(tmp_path / "spool", max_bytes=1, policy="block", block_timeout_s=0)
