@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api.deps import CollectorDep
 from api.routes import exporters, prefilter, queries
 from api.security import Guard, problem
+from collector.cluster import ProbeOnly
 from collector.service import Collector
 
 
@@ -47,6 +48,11 @@ def create_app(collector: Collector, manage: bool = False) -> FastAPI:
         return problem(422, "the request is not valid", extra={"errors": [
             {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
             for e in exc.errors()[:20]]})
+
+    @app.exception_handler(ProbeOnly)
+    async def probe_only(request: Request, exc: ProbeOnly) -> JSONResponse:
+        """A capture probe (``role: capture``) takes its queries from the control plane."""
+        return problem(409, str(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

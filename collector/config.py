@@ -98,6 +98,9 @@ class SparkConfig(BaseModel):
                                      "restarts after this long, doubled while it keeps failing "
                                      "(at most 10 minutes)")
     extra: dict[str, str] = Field(default_factory=dict, description="any other spark.* setting")
+    checkpoint_dir: Path | None = Field(None, description="the streaming queries' checkpoints "
+                                        "(default var_dir/checkpoints); on a cluster, shared "
+                                        "storage every worker writes (state stores)")
 
     @field_validator("driver_memory")
     @classmethod
@@ -119,6 +122,12 @@ class SpoolConfig(BaseModel):
     format: Literal["parquet", "arrow"] = Field("parquet", description="parquet: read by "
                                                 "Spark's file source; arrow: Arrow IPC read by "
                                                 "flowsieve's Python data source")
+    path: Path | None = Field(None, description="the spool folder (default var_dir/spool); on "
+                              "a cluster, shared storage that every probe writes and every "
+                              "Spark worker reads")
+    probe_timeout_s: float = Field(3600.0, gt=0, description="a probe whose status in the "
+                                   "spool is older than this no longer holds back the release "
+                                   "of deleted queries' slots")
 
     @field_validator("max_bytes", mode="before")
     @classmethod
@@ -256,6 +265,10 @@ class Settings(BaseSettings):
     probe: str = Field("flowsieve", pattern=r"^[A-Za-z0-9_-]{1,64}$",
                        description="this capture daemon's name: its spool files and rows carry "
                                    "it (several probes may write one spool)")
+    role: Literal["all", "capture"] = Field(
+        "all", description="all: the control plane (registry, API, Spark job) and any sources; "
+        "capture: sources only, running the queries the control plane publishes in the shared "
+        "spool (several capture daemons, one Spark job)")
     api: ApiConfig = Field(default_factory=ApiConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     spool: SpoolConfig = Field(default_factory=SpoolConfig)
@@ -287,7 +300,7 @@ class Settings(BaseSettings):
 
     @property
     def spool_dir(self) -> Path:
-        return self.var_dir / "spool"
+        return self.spool.path or self.var_dir / "spool"
 
     @property
     def results_dir(self) -> Path:
@@ -295,7 +308,7 @@ class Settings(BaseSettings):
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.var_dir / "checkpoints"
+        return self.spark.checkpoint_dir or self.var_dir / "checkpoints"
 
     @property
     def registry_path(self) -> Path:

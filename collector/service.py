@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from capture.errors import DecodeError
+from collector.cluster import PublishedRegistry, publish_queries, publish_status, statuses
 from collector.config import Settings
 from collector.durability import Checkpoint
 from collector.engine import Engine
@@ -64,10 +65,12 @@ class Collector:
         s = self.settings
         for d in (s.var_dir, s.spool_dir, s.results_dir, s.checkpoint_dir):
             Path(d).mkdir(parents=True, exist_ok=True)
-        self.registry = Registry(s.registry_path)
+        probe = s.role == "capture"
+        self.registry = PublishedRegistry(s.spool_dir) if probe else Registry(s.registry_path)
+        with_spark = with_spark and not probe
         self.spool = Spool(s.spool_dir, s.spool.max_bytes, "drop", format=s.spool.format,
                            probe=s.probe)
-        if not self.registry.entries() and s.initial_queries:
+        if not probe and not self.registry.entries() and s.initial_queries:
             for q in parse_queries(Path(s.initial_queries).read_text()):
                 self.registry.add(q.name, q.text)
         self.sources: list[Source] = [
@@ -139,11 +142,25 @@ class Collector:
                 except Exception:  # the JVM itself is gone: /healthz says so
                     log.exception("supervising the Spark job failed")
             try:
+                if self.settings.role == "capture" and self.registry.refresh():
+                    self.rebuild()  # the control plane published another plan version
                 for e in self.engines:
                     e.take_plan()  # an idle engine switches too (and flushes the old plan)
+                self._publish_status()
                 self.release_slots()
             except Exception:  # noqa: BLE001 - the registry or spool folder: retried next tick
-                log.exception("releasing the slots of deleted queries failed")
+                log.exception("following the plan or releasing deleted queries' slots failed")
+
+    def _publish_status(self) -> None:
+        """This daemon's plan version, high-water marks and event time, for the control plane
+        of a shared spool (collector/cluster.py)."""
+        running = [e.running_version() for e in self.engines]
+        times = [e.max_time for e in self.engines if e.max_time is not None]
+        version = None if None in running or not running else min(running)
+        if not running:  # no source: nothing of this daemon's can hold a slot
+            version = self.plan.version if self.plan is not None else None
+        publish_status(self.settings.spool_dir, self.settings.probe, version,
+                       self.spool.high_water(), max(times, default=None))
 
     def stop(self) -> None:
         self._stop.set()
@@ -355,6 +372,8 @@ class Collector:
             self._slot_queries.clear()  # a paused query's partials in flight still answer
             self._slot_queries.update({s: q for q, s in every})
             self.plan = plan
+            if self.settings.role == "all":  # for capture probes sharing the spool
+                publish_queries(self.settings.spool_dir, plan.version, every, paused)
             for e in self.engines:
                 e.set_plan(plan)
             for src in getattr(self, "sources", []):
@@ -404,20 +423,28 @@ class Collector:
         daemon's clock calls this). A slot's partials were written under plans before the
         first plan without it: once every engine runs that plan (switching flushed the old
         plan's partials), the spool's files up to then are marked; the slot is free when Spark
-        has read them all and has closed every window they could add to. Returns the slots
-        released."""
+        has read them all and has closed every window they could add to. Capture probes
+        sharing the spool count as engines: each says in its status which plan it runs and
+        how far its files go (collector/cluster.py)."""
         released = []
         running = [v for v in (e.running_version() for e in self.engines) if v is not None]
+        s = self.settings
+        probes = [st for st in statuses(s.spool_dir, s.spool.probe_timeout_s)
+                  if st["probe"] != s.probe]
         for slot, version in self.registry.freed():
-            if version is None or any(v < version for v in running):
+            if version is None or any(v < version for v in running) or any(
+                    st["version"] is None or st["version"] < version for st in probes):
                 continue
             mark = self._slot_marks.get(slot)
             if mark is None:  # every engine has switched: what can refer to it is written
                 times = [e.max_time for e in self.engines if e.max_time is not None]
-                self._slot_marks[slot] = (self.spool.high_water(), max(times, default=0))
+                times += [st["max_time"] for st in probes if st["max_time"] is not None]
+                marks = {s.probe: self.spool.high_water()}
+                marks.update({st["probe"]: st["high_water"] for st in probes})
+                self._slot_marks[slot] = (marks, max(times, default=0))
                 continue
-            high_water, event_time = mark
-            if self.spool.holds_up_to(high_water):
+            marks, event_time = mark
+            if any(self.spool.holds_up_to(hw, probe) for probe, hw in marks.items()):
                 continue  # Spark has not read every file that may hold its partials
             if self.job is not None and any(
                     self.job.complete_before.get(key, float("-inf")) <= event_time

@@ -101,7 +101,7 @@ def list_files(folder: Path) -> list[Path]:
     """Complete spool files of a folder, by sequence number."""
     try:
         names = os.listdir(folder)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
     return sorted((folder / n for n in names if _is_spool_file(n)), key=file_seq)
 
@@ -261,23 +261,24 @@ class Spool:
         """Per folder, the sequence number of this probe's latest file written (or being
         written)."""
         out = {}
-        for folder in (p for p in self.root.glob("*/*") if p.is_dir()):
+        for folder in (p for p in self.root.glob("*/*")
+                       if p.is_dir() and not p.parent.name.startswith("_")):
             with self._lock:
                 seq = self._seq.get(folder)
             out[folder] = self._stored_seq(folder) if seq is None else seq
         return out
 
-    def holds_up_to(self, high_water: dict[Path, int]) -> bool:
-        """Whether any of this probe's files numbered at or below a folder's ``high_water``
-        mark is still in it (visible, held, a snapshot or being written): Spark has not read
-        all of them."""
+    def holds_up_to(self, high_water: dict[Path, int], probe: str | None = None) -> bool:
+        """Whether any of this probe's (or ``probe``'s) files numbered at or below a folder's
+        ``high_water`` mark is still in it (visible, held, a snapshot or being written): Spark
+        has not read all of them."""
         for folder, top in high_water.items():
             try:
                 names = os.listdir(folder)
             except FileNotFoundError:
                 continue
             for n in names:
-                seq = _name_seq(n, self.probe)
+                seq = _name_seq(n, probe or self.probe)
                 if seq is not None and seq <= top:
                     return True
         return False
