@@ -520,6 +520,12 @@ def cmd_run(args) -> int:
     check_exposure(settings.api)
     check_port(settings.api.host, settings.api.port)
     check_java()
+    from collector.cluster import owner, probe_in_use
+    other = probe_in_use(settings.spool_dir, settings.probe, owner(settings.var_dir),
+                         max(10.0, 5 * settings.spark.trigger_s))
+    if other:
+        raise CliError(f"probe name {settings.probe!r} is in use in spool {settings.spool_dir} "
+                       f"by {other}: give each daemon sharing a spool its own `probe`")
     import uvicorn
 
     from api.app import create_app

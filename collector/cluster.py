@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -42,15 +43,37 @@ def publish_queries(spool_root: Path, version: int, entries: list[tuple[Query, i
     write_json(queries_path(spool_root), {
         "version": version,
         "queries": [{"name": q.name, "sql": q.text, "slot": slot, "enabled": q.name not in paused}
-                    for q, slot in entries]})
+                    for q, slot in entries]}, durable=False)  # rewritten at every rebuild
 
 
-def publish_status(spool_root: Path, probe: str, version: int | None,
+def owner(var_dir: Path) -> str:
+    """Who a probe is, beyond its name: its host and its state folder (a daemon restarted on
+    the same folder is the same probe)."""
+    return f"{socket.gethostname()}:{Path(var_dir).resolve()}"
+
+
+def publish_status(spool_root: Path, probe: str, who: str, version: int | None,
                    high_water: dict[Path, int], max_time: int | None) -> None:
     root = Path(spool_root)
     write_json(root / CONTROL / "probes" / f"{probe}.json", {
-        "probe": probe, "version": version, "max_time": max_time, "time": time.time(),
-        "high_water": {str(p.relative_to(root)): seq for p, seq in high_water.items()}})
+        "probe": probe, "owner": who, "version": version, "max_time": max_time,
+        "time": time.time(),
+        "high_water": {str(p.relative_to(root)): seq for p, seq in high_water.items()}},
+        durable=False)  # rewritten every tick
+
+
+def probe_in_use(spool_root: Path, probe: str, who: str, fresh_s: float) -> str | None:
+    """Another daemon's description if it wrote ``probe``'s status in the last ``fresh_s``
+    (two daemons of one name would overwrite each other's spool files)."""
+    try:
+        st = json.loads((Path(spool_root) / CONTROL / "probes" / f"{probe}.json").read_text())
+        age = time.time() - st["time"]
+        other = st.get("owner")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if other and other != who and age <= fresh_s:
+        return f"{other} ({age:.0f} s ago)"
+    return None
 
 
 def statuses(spool_root: Path, timeout_s: float) -> list[dict]:

@@ -83,12 +83,14 @@ class Checkpoint:
         write_json(self.path, state)
 
 
-def write_json(path: Path, obj) -> None:
-    """Write a JSON file atomically and durably: readers see the old file or the new one."""
+def write_json(path: Path, obj, durable: bool = True) -> None:
+    """Write a JSON file atomically (readers see the old file or the new one) and, when
+    ``durable``, on disk before it replaces the old one (a crash keeps one of them)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w") as f:
         json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)

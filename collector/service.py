@@ -15,7 +15,13 @@ from pathlib import Path
 import pyarrow as pa
 
 from capture.errors import DecodeError
-from collector.cluster import PublishedRegistry, publish_queries, publish_status, statuses
+from collector.cluster import (
+    PublishedRegistry,
+    owner,
+    publish_queries,
+    publish_status,
+    statuses,
+)
 from collector.config import Settings
 from collector.durability import Checkpoint
 from collector.engine import Engine
@@ -159,8 +165,9 @@ class Collector:
         version = None if None in running or not running else min(running)
         if not running:  # no source: nothing of this daemon's can hold a slot
             version = self.plan.version if self.plan is not None else None
-        publish_status(self.settings.spool_dir, self.settings.probe, version,
-                       self.spool.high_water(), max(times, default=None))
+        s = self.settings
+        publish_status(s.spool_dir, s.probe, owner(s.var_dir), version, self.spool.high_water(),
+                       max(times, default=None))
 
     def stop(self) -> None:
         self._stop.set()
@@ -243,8 +250,9 @@ class Collector:
         return idle_s >= max(2 * self.settings.spark.trigger_s, 5.0)
 
     def _checkpoint(self, src) -> Checkpoint | None:
-        """A loop-free file source resumes after what its last commit put in the spool
-        (collector/durability.py); None for the others."""
+        """A loop-free file source resumes after what its last commit put in the spool, a
+        flow listener counts what it lost since (collector/durability.py); None for the
+        others."""
         if not getattr(src, "durable", False):
             return None
         s = self.settings
@@ -254,8 +262,12 @@ class Collector:
         why = src.resume(position)
         if why:
             log.warning("source %s: %s", src.name, why)
-        elif position:
+        elif position and "records" in position:
             log.info("source %s resumes after record %d", src.name, position["records"])
+        elif position:
+            log.info("source %s resumes the sequence numbers of %d export streams: a gap at "
+                     "their next export counts what the restart lost", src.name,
+                     len(position.get("sequences", ())))
         return cp
 
     def not_ready(self) -> list[str]:

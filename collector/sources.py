@@ -181,6 +181,23 @@ class FlowSource:
         self.on_stats = on_stats
         self.lock = threading.Lock()  # the API reads decoder state
 
+    @property
+    def durable(self) -> bool:
+        """Its position is the next sequence number of every export stream, committed with
+        what it spooled: exporters resend nothing, so after a restart the gap at each stream's
+        next export counts (``flowsieve_flow_sequence_lost``) what the restart lost."""
+        return self.state_path is not None
+
+    def position(self) -> dict:
+        with self.lock:
+            return {"sequences": self.decoder.sequences()}
+
+    def resume(self, position: dict | None) -> str | None:
+        if position:
+            with self.lock:
+                self.decoder.resume_sequences(position.get("sequences", []))
+        return None
+
     def open(self) -> None:
         if not self.listener.socks:
             self.listener.open()

@@ -5,7 +5,7 @@ two capture probes (``role: capture``) following their own growing captures into
 running the queries the control plane publishes there. Every whole window's answers equal a
 ``local[*]`` replay of the two captures merged; both workers ran executors; a query deleted at
 the control plane gives its slot back once both probes run without it; a probe refuses to
-register queries."""
+register queries, and a daemon refuses to start under a probe name in use."""
 
 from __future__ import annotations
 
@@ -171,6 +171,18 @@ sources:
         for name, sql in {**QUERIES, "gone": GONE}.items():
             r = control.post("/queries", json={"name": name, "sql": sql})
             assert r.status_code == 201, r.text
+        # a second daemon under a name in use would overwrite that probe's spool files
+        (tmp_path / "dup.yaml").write_text((tmp_path / "a.yaml").read_text().replace(
+            str(tmp_path / "a"), str(tmp_path / "dup")).replace(
+            f"port: {probes['a'][0]}", f"port: {free_port()}"))
+        wait_for(lambda: (spool / "_control" / "probes" / "edge-a.json").exists(), 60,
+                 "probe a's status")
+        dup = subprocess.run([sys.executable, "-m", "api.cli", "run", "--config",
+                              str(tmp_path / "dup.yaml")], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120, env=base_env)
+        assert dup.returncode == 1, dup.stderr
+        assert dup.stderr.startswith("error: probe name 'edge-a' is in use") and \
+            dup.stderr.count("\n") == 1, dup.stderr
         refused = clients["a"].post("/queries", json={"name": "x", "sql": GONE})
         assert refused.status_code == 409 and "capture probe" in refused.json()["detail"]
         version = control.get("/healthz").json()["plan_version"]

@@ -29,13 +29,15 @@ from tests.test_daemon import daemon_config, metric, start_daemon, stop_daemon, 
 
 pytestmark = pytest.mark.slow
 
-PERIOD = 5
+PERIOD = 5  # the window of the queries of the tests that share these helpers
+SWAP = 2  # this test's window: two whole windows of each of 1,000 queries, soon
 STABLE = {
-    "all5s": "SELECT time/5 AS t, count(*) AS n, sum(wirelen) AS b FROM packets GROUP BY time/5",
-    "udp_src": "SELECT time/5 AS t, src_ip, count(*) AS n FROM packets WHERE protocol = 17 "
-               "GROUP BY time/5, src_ip",
-    "tcp_low": "SELECT time/5 AS t, dst_port, count(*) AS n, max(wirelen) AS m FROM packets "
-               "WHERE protocol = 6 AND dst_port < 1024 GROUP BY time/5, dst_port",
+    "all": f"SELECT time/{SWAP} AS t, count(*) AS n, sum(wirelen) AS b FROM packets "
+           f"GROUP BY time/{SWAP}",
+    "udp_src": f"SELECT time/{SWAP} AS t, src_ip, count(*) AS n FROM packets WHERE "
+               f"protocol = 17 GROUP BY time/{SWAP}, src_ip",
+    "tcp_low": f"SELECT time/{SWAP} AS t, dst_port, count(*) AS n, max(wirelen) AS m FROM "
+               f"packets WHERE protocol = 6 AND dst_port < 1024 GROUP BY time/{SWAP}, dst_port",
 }
 PORTS = [443, 57674, 35454, 39996, 34286, 60092, 1900, 53, 34300, 80, 5353, 137, 22, 8080]
 
@@ -48,14 +50,14 @@ def churn_queries(n: int, seed: int) -> dict[str, str]:
         kind = rnd.randrange(3)
         p, p2, k = rnd.choice(PORTS), rnd.choice(PORTS), rnd.randrange(40, 1400)
         if kind == 0:
-            sql = (f"SELECT time/5 AS t, count(*) AS n, sum(wirelen) AS b FROM packets "
-                   f"WHERE dst_port = {p} AND wirelen > {k} GROUP BY time/5")
+            sql = (f"SELECT time/{SWAP} AS t, count(*) AS n, sum(wirelen) AS b FROM packets "
+                   f"WHERE dst_port = {p} AND wirelen > {k} GROUP BY time/{SWAP}")
         elif kind == 1:
-            sql = (f"SELECT time/5 AS t, src_ip, count(*) AS n FROM packets WHERE protocol = "
-                   f"{rnd.choice((6, 17))} AND wirelen > {k} GROUP BY time/5, src_ip")
+            sql = (f"SELECT time/{SWAP} AS t, src_ip, count(*) AS n FROM packets WHERE protocol = "
+                   f"{rnd.choice((6, 17))} AND wirelen > {k} GROUP BY time/{SWAP}, src_ip")
         else:
-            sql = (f"SELECT time/5 AS t, dst_port, max(wirelen) AS m FROM packets "
-                   f"WHERE src_port = {p} OR dst_port = {p2} GROUP BY time/5, dst_port")
+            sql = (f"SELECT time/{SWAP} AS t, dst_port, max(wirelen) AS m FROM packets "
+                   f"WHERE src_port = {p} OR dst_port = {p2} GROUP BY time/{SWAP}, dst_port")
         if sql not in out.values():
             out[f"c{len(out):04d}"] = sql
     return out
@@ -105,9 +107,10 @@ def answers(client: httpx.Client, name: str) -> tuple[list[dict], float]:
     return body["rows"], body["complete_before"]
 
 
-def whole_windows(rows: list[dict], since: float, before: float) -> list[dict]:
+def whole_windows(rows: list[dict], since: float, before: float, period: int = PERIOD
+                  ) -> list[dict]:
     """Rows of the windows starting at or after ``since`` and before ``before``."""
-    return sorted((r for r in rows if since <= r["t"] * PERIOD < before),
+    return sorted((r for r in rows if since <= r["t"] * period < before),
                   key=lambda r: sorted((k, str(v)) for k, v in r.items()))
 
 
@@ -143,11 +146,11 @@ def test_register_and_delete_1000_queries_under_traffic(tmp_path, spark):
 
     def hold(since: float) -> None:
         """Until two whole windows after ``since`` are answered for good."""
-        target = (int(since) // PERIOD + 3) * PERIOD
+        target = (int(since) // SWAP + 3) * SWAP
 
         def done() -> bool:
             if complete[0] < target:
-                complete[0] = answers(client, "all5s")[1] or 0.0
+                complete[0] = answers(client, "all")[1] or 0.0
             return complete[0] >= target
         wait_for(done, 240, f"windows before {target} complete")
 
@@ -165,7 +168,7 @@ def test_register_and_delete_1000_queries_under_traffic(tmp_path, spark):
         for name, sql in STABLE.items():
             register(name, sql)
         feeder.start()
-        wait_for(lambda: answers(client, "all5s")[1], 240, "a first complete window")
+        wait_for(lambda: answers(client, "all")[1], 240, "a first complete window")
         lap("daemon up, first window")
         with ThreadPoolExecutor(8) as pool:
             # 500 in five bursts of 100 concurrent registrations; a burst is deleted (100
@@ -216,7 +219,8 @@ def test_register_and_delete_1000_queries_under_traffic(tmp_path, spark):
         return {q.name: rows_of(q, t) for q, t in res.answers}
 
     def check(name: str, want: list[dict], got: list[dict], since: float, before: float):
-        w, g = whole_windows(want, since, before), whole_windows(got, since, before)
+        w = whole_windows(want, since, before, SWAP)
+        g = whole_windows(got, since, before, SWAP)
         assert g == w, (name, since, before)
 
     alone = {n: STABLE[n] for n in STABLE}
@@ -227,20 +231,20 @@ def test_register_and_delete_1000_queries_under_traffic(tmp_path, spark):
         truth_alone.update(replayed({name: sql}, f"alone{i}"))
     for name in STABLE:
         rows, before = stable[name]
-        assert before >= registered[names[-1]] + 2 * PERIOD
+        assert before >= registered[names[-1]] + 2 * SWAP
         check(name, truth_alone[name], rows, registered[name], before)
-        assert whole_windows(rows, registered[name], before)  # not vacuous
+        assert whole_windows(rows, registered[name], before, SWAP)  # not vacuous
     windows = 0
     for phase in (names[:500], names[500:]):
         truth = replayed({n: churn[n] for n in phase}, f"phase{phase[0]}")
         for name in phase:
             rows, before = seen[name]
             # at least two whole windows were answered for good while it was registered
-            assert before >= (int(registered[name]) // PERIOD + 3) * PERIOD, name
+            assert before >= (int(registered[name]) // SWAP + 3) * SWAP, name
             check(name, truth[name], rows, registered[name], before)
             if name in truth_alone:
                 check(name, truth_alone[name], rows, registered[name], before)
-            windows += len({r["t"] for r in whole_windows(rows, registered[name], before)})
+            windows += len({r["t"] for r in whole_windows(rows, registered[name], before, SWAP)})
     assert windows >= 1000  # the churned queries' answers were compared on real windows
     lap("replays compared")
     sys.stderr.write("hot swap: " + ", ".join(

@@ -31,8 +31,10 @@ from capture.netflow.elements import (
     S_DOMAIN,
     S_EXP,
     S_GAPS,
+    S_KNOWN,
     S_LAST_NS,
     S_LOST,
+    S_NEXT,
     S_OPTIONS,
     S_RECORDS,
     S_REORDER,
@@ -432,6 +434,43 @@ class Decoder:
         while self.pending_sets:
             self._discard(self._oldest(), "template_missing")
         self._order.clear()
+
+    # -- sequence state across restarts
+    def sequences(self) -> list[dict]:
+        """The next sequence number expected of every export stream (a durable source commits
+        it with what it has spooled: after a restart, the gap at each stream's next export
+        counts what was lost, held in memory or sent while the collector was down)."""
+        out = []
+        for slot in range(int(self.st_n[0])):
+            r = self.st[slot]
+            if r[S_KNOWN]:
+                out.append({"exporter": self.exporter_names[int(r[S_EXP])],
+                            "version": int(r[S_VERSION]), "domain": int(r[S_DOMAIN]),
+                            "next": int(r[S_NEXT])})
+        return out
+
+    def resume_sequences(self, state: list[dict]) -> int:
+        """Expect each stream's next export at the committed sequence number (a decoder that
+        has seen a stream already keeps its own); returns the streams resumed."""
+        n = 0
+        for e in state:
+            e_idx = self._exporter(ip_bytes(e["exporter"]))
+            ver = int(e["version"])
+            if e_idx < 0 or ver not in VCODE:
+                continue
+            skey = ((e_idx * 4 + VCODE[ver]) << 32) | int(e["domain"])
+            if skey in self.st_dict:
+                continue
+            slot = int(self.st_n[0])
+            if slot >= self.st.shape[0]:
+                self.st = np.concatenate([self.st, np.zeros_like(self.st)])
+            self.st_n[0] += 1
+            self.st_dict[skey] = slot
+            row = self.st[slot]
+            row[S_EXP], row[S_VERSION], row[S_DOMAIN] = e_idx, ver, int(e["domain"])
+            row[S_NEXT], row[S_KNOWN] = int(e["next"]) & 0xFFFFFFFF, 1
+            n += 1
+        return n
 
     # -- state for the API
     def streams(self) -> list[dict]:

@@ -61,3 +61,60 @@ def test_a_slot_is_released_when_no_file_or_window_can_refer_to_it(tmp_path):
     finally:
         c.job = None
         c.stop()
+
+
+def test_probes_sharing_the_spool_hold_slots_too(tmp_path):
+    """A capture probe (``role: capture``) takes the control plane's queries and slots from the
+    shared spool and refuses registrations; the control plane releases a deleted query's slot
+    only after the probe says it runs a plan without it and Spark has read the probe's files
+    written until then."""
+    import pytest
+
+    from collector.cluster import ProbeOnly
+    path, _ = spread(tmp_path, "ok.pcap", 0.05)
+    spool = tmp_path / "shared"
+    control = Collector(load_settings(var_dir=tmp_path / "control", initial_queries=None,
+                                      sources=[], spool={"path": spool}))
+    src = SourceConfig(type="pcap", name="file", path=str(path), loop=False, restamp=False)
+    probe = Collector(load_settings(var_dir=tmp_path / "probe", initial_queries=None,
+                                    sources=[src], spool={"path": spool}, role="capture",
+                                    probe="edge"))
+    control.start(with_sources=False, with_spark=False)
+    probe.start(with_sources=False, with_spark=False)
+    try:
+        control.job = SparkStub()
+        for name in ("a", "b"):
+            control.register(name, Q)
+        assert probe.registry.refresh()
+        probe.rebuild()
+        assert [(q.name, s) for q, s in probe.queries()] == \
+            [(q.name, s) for q, s in control.queries()]
+        assert probe.plan.version == control.plan.version
+        with pytest.raises(ProbeOnly, match="capture probe"):
+            probe.register("x", Q)
+        engine, source = probe.engines[0], probe.sources[0]
+        for raw in source.batches(threading.Event()):
+            engine.process(raw, "file", source.position())
+        engine.take_plan()
+        probe._publish_status()
+        slot_b = control.query("b")[1]
+        assert control.delete("b")
+        assert control.release_slots() == []  # the probe still runs the plan with b
+        assert probe.registry.refresh()
+        probe.rebuild()
+        engine.take_plan()  # switching flushes the old plan's partials
+        engine.commit(force=True)
+        assert control.release_slots() == []  # its status is older than its switch
+        probe._publish_status()
+        assert control.release_slots() == []  # marks the probe's files up to here
+        files = [f for d in spool.glob("*/*") for f in list_files(d)]
+        assert files and all(".edge." in f.name for f in files)
+        assert control.release_slots() == []  # Spark has not read them
+        for f in files:
+            f.unlink()
+        control.job.complete_before[("packets", "5")] = engine.max_time + 1.0
+        assert control.release_slots() == [slot_b]
+    finally:
+        control.job = None
+        control.stop()
+        probe.stop()
