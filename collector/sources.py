@@ -137,6 +137,24 @@ class InterfaceSource:
         self.capture = LiveCapture(iface, "", ring, index, promisc, skip_outgoing, batch_size)
         self.on_stats = on_stats  # called with (KernelStats) after each batch
         self._expr = ""
+        self._last_ns: int | None = None  # the latest packet handed over
+
+    durable = True  # its partials are committed with its position (below)
+
+    def position(self) -> dict:
+        """The time of the latest packet handed over: a crash loses at most ``spool.commit_s``
+        of partials (the LFTA's are committed with it), and a restart says from when nothing
+        was captured."""
+        return {"last_ns": self._last_ns}
+
+    def resume(self, position: dict | None) -> str | None:
+        last = (position or {}).get("last_ns")
+        if last:
+            gap = max(0.0, time.time() - last / 1e9)
+            return (f"nothing was captured for {gap:.0f} s, since "
+                    f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(last / 1e9))} (the last "
+                    f"packet committed before this start)")
+        return None
 
     def set_filter(self, expr: str) -> None:
         """The plan's kernel filter (kept until the socket opens)."""
@@ -151,6 +169,8 @@ class InterfaceSource:
             for raw in self.capture.batches(stop):
                 if self.on_stats is not None:
                     self.on_stats(self.capture.stats())
+                if raw is not None and len(raw):
+                    self._last_ns = int(raw.ts_ns.max())
                 yield raw
         finally:
             self.capture.close()

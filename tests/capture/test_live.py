@@ -218,7 +218,10 @@ def test_ring_overflow_is_counted(veth):
 
 def test_daemon_exports_kernel_statistics(veth, tmp_path):
     """An interface source in the collector: packets flow into the engine and the kernel's
-    counters appear in /metrics."""
+    counters appear in /metrics; stopping commits the time of the last packet with the LFTA's
+    partials, and a restart says since when nothing was captured."""
+    import json
+
     from prometheus_client import generate_latest
 
     from collector.config import load_settings
@@ -230,6 +233,7 @@ def test_daemon_exports_kernel_statistics(veth, tmp_path):
                                        "interface": veth[0], "ring_block_size": 1 << 20,
                                        "ring_blocks": 8}])
     col = Collector(settings)
+    started_ns = time.time_ns()
     col.start(with_spark=False)
     try:
         opened = time.monotonic() + 120  # the source thread opens the socket
@@ -250,3 +254,6 @@ def test_daemon_exports_kernel_statistics(veth, tmp_path):
     assert 0 < passed < sent  # the plan's filter dropped what no query wants
     assert col.engines[0].tuples_in == passed
     assert 'flowsieve_capture_kernel_drops_total{source="veth"} 0.0' in text
+    position = json.loads((tmp_path / "var" / "state" / "veth.json").read_text())["position"]
+    assert started_ns <= position["last_ns"] <= time.time_ns()
+    assert col.sources[0].resume(position).startswith("nothing was captured for")
