@@ -159,6 +159,24 @@ class AscConfig(BaseModel):
     sample: int = Field(2048, ge=16, le=1 << 20, description="tuples sampled per period")
 
 
+class ResidualConfig(BaseModel):
+    """The residual stage (collector/residual.py): predicates the prefilter did not decide."""
+
+    ordering: Literal["a-greedy", "sweep", "independent", "localswaps", "cost"] = Field(
+        "a-greedy", description="how residual predicates are ordered: adaptively (seed 001: "
+        "A-Greedy or its variants) or by catalogue cost alone")
+    profile_probability: float = Field(0.01, gt=0, le=1, description="a dropped tuple is "
+                                       "profiled (every later predicate run on it) with this "
+                                       "probability")
+    profile_window: int = Field(1000, ge=10, description="profile tuples the ordering is "
+                                "chosen on (a sliding window)")
+    alpha: float = Field(0.9, gt=0, le=1, description="thrashing avoidance: reorder only when "
+                         "a later predicate drops more per unit of time by 1/alpha")
+    sweep_stage: int = Field(500, ge=10, description="Sweep: profile tuples per stage")
+    value_cache: int = Field(65536, ge=0, description="outcomes of regular expressions kept "
+                             "by value (LRU; DNS names repeat); 0: none")
+
+
 class LftaConfig(BaseModel):
     """Partial aggregation before the spool (collector/lfta.py): one hash table per node."""
 
@@ -275,6 +293,7 @@ class Settings(BaseSettings):
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
     asc: AscConfig = Field(default_factory=AscConfig)
     lfta: LftaConfig = Field(default_factory=LftaConfig)
+    residual: ResidualConfig = Field(default_factory=ResidualConfig)
     batch_size: int = Field(65536, ge=1, le=1 << 22)
     sources: list[SourceConfig] = Field(default_factory=lambda: [SourceConfig()])
     initial_queries: str | None = Field(

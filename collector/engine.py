@@ -23,12 +23,12 @@ from capture.netflow import FlowBatch
 from capture.pcap import RawBatch
 from capture.unpack import TupleBatch, unpack
 from collector.asc_runtime import AscRuntime
-from collector.config import AscConfig, LftaConfig
+from collector.config import AscConfig, LftaConfig, ResidualConfig
 from collector.durability import Checkpoint
 from collector.lfta import NodeTable, Partials
 from collector.metrics import Metrics
 from collector.prefilter import CompiledPrefilter, compile_prefilter, run_prefilter
-from collector.residual import Residual
+from collector.residual import Residual, ValueCache
 from collector.sampling import TupleSampler
 from collector.selectivity import SelectivityMeter
 from collector.spool import (
@@ -94,9 +94,13 @@ class Engine:
                  source: str = "", spool_policy: str | None = None,
                  stop: threading.Event | None = None,
                  waiting: Callable[[float], None] | None = None,
-                 checkpoint: Checkpoint | None = None, commit_s: float = 1.0):
+                 checkpoint: Checkpoint | None = None, commit_s: float = 1.0,
+                 residual: ResidualConfig | None = None):
         self.spool = spool
         self.asc_config = asc or AscConfig()
+        self.residual_config = residual or ResidualConfig()
+        # kept across plan versions: a name's outcome does not depend on the plan
+        self.value_cache = ValueCache(self.residual_config.value_cache)
         self.lfta_config = lfta or LftaConfig()
         self.meter = meter
         self.sampler = sampler
@@ -174,7 +178,10 @@ class Engine:
             folders.append(fp)
         a = self.asc_config
         runtime = AscRuntime(cp, a.strategy, a.period_tuples, a.mu, a.sample)
-        return _Compiled(plan, cp, runtime, Residual(plan, self.stream),
+        r = self.residual_config
+        residual = Residual(plan, self.stream, r.ordering, r.profile_probability,
+                            r.profile_window, r.alpha, r.sweep_stage, self.value_cache)
+        return _Compiled(plan, cp, runtime, residual,
                          plan.unpacking(self.stream).fields, folders,
                          {qp.slot: qp.query.name for qp in plan.queries
                           if qp.query.stream == self.stream},
@@ -190,6 +197,13 @@ class Engine:
             tables = [t.table for fp in (c.folders if c else []) for t in fp.tables
                       if t.table is not None]
             return sum(len(t) for t in tables), sum(t.nbytes for t in tables)
+
+    def residual_state(self) -> dict | None:
+        """The running order of the residual predicates (for GET /prefilter)."""
+        c = self._c
+        if c is None or not c.residual:
+            return None
+        return {"stream": self.stream, "source": self.source, **c.residual.describe()}
 
     def asc_state(self) -> dict | None:
         """The running ASC sequence (for GET /prefilter)."""
@@ -305,9 +319,18 @@ class Engine:
         if c.asc.rearrangements != moves:
             self.metrics.asc_rearrangements.labels(self.stream).inc(c.asc.rearrangements - moves)
         if c.residual:
-            before = c.residual.evaluated
-            c.residual.apply(tb, Q)
-            self.metrics.residual_evals.labels(self.stream).inc(c.residual.evaluated - before)
+            r, cache = c.residual, self.value_cache
+            before = (r.evaluated, r.adaptive.reorders if r.adaptive else 0, cache.hits,
+                      cache.misses)
+            r.apply(tb, Q)
+            m, st = self.metrics, self.stream
+            m.residual_evals.labels(st).inc(r.evaluated - before[0])
+            if r.adaptive and r.adaptive.reorders != before[1]:
+                m.residual_reorders.labels(st).inc(r.adaptive.reorders - before[1])
+            if cache.hits != before[2]:
+                m.residual_cache.labels(st, "hit").inc(cache.hits - before[2])
+            if cache.misses != before[3]:
+                m.residual_cache.labels(st, "miss").inc(cache.misses - before[3])
         keep = Q.any(axis=1)
         kept = int(keep.sum())
         self.metrics.prefilter_dropped.labels(self.stream).inc(len(tb) - kept)

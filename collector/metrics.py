@@ -29,6 +29,12 @@ class Metrics:
         self.residual_evals = Counter("flowsieve_residual_evaluations",
                                       "Residual predicate evaluations (one per tuple and "
                                       "predicate)", ["stream"], registry=r)
+        self.residual_reorders = Counter("flowsieve_residual_reorders",
+                                         "Times the residual predicates' order changed "
+                                         "(A-Greedy or its variant)", ["stream"], registry=r)
+        self.residual_cache = Counter("flowsieve_residual_cache_lookups",
+                                      "Regular-expression outcomes looked up by value, by "
+                                      "result (hit, miss)", ["stream", "result"], registry=r)
         self.asc_evaluations = Counter("flowsieve_asc_evaluations",
                                        "ASC region look-ups (one per tuple and ASC evaluated)",
                                        ["stream"], registry=r)

@@ -58,7 +58,7 @@ def measure(capture, plan: Plan, spool: Spool, settings: Settings,
     sampler = TupleSampler(rows=8192, probability=min(1.0, 8192 / expect))
     for stream in plan.streams():
         engine = Engine(spool, stream, Metrics(), "measure", meter=meter, asc=settings.asc,
-                        lfta=settings.lfta, sampler=sampler)
+                        lfta=settings.lfta, sampler=sampler, residual=settings.residual)
         engine.set_plan(plan)
         seen = 0
         try:
@@ -123,7 +123,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
         if not any(q.stream == stream for q in queries):
             continue
         engine = Engine(spool, stream, metrics, "replay", watermark_delay_s, asc=asc,
-                        lfta=settings.lfta)
+                        lfta=settings.lfta, residual=settings.residual)
         engine.set_plan(plan)
         try:
             done = 0

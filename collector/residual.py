@@ -1,12 +1,22 @@
 """Residual predicates: what the prefilter did not decide (expensive predicates such as regexp on
 ``dns_qname``, and cheap ones left out by a bit budget), evaluated only on tuples whose query bit
 is set. A predicate shared by several queries is evaluated once per tuple (the paper's
-expensive-predicate cache).
+expensive-predicate cache); a regular expression's outcome is also kept by value (LRU), since
+DNS names repeat.
+
+The predicates are commutative pipelined filters (seed 001): a tuple leaves a predicate's work
+once no query that checks it still holds the tuple. Their order starts by catalogue cost and is
+kept by A-Greedy (or a variant, ``residual.ordering``): dropped tuples are profiled with a
+probability, every later predicate run on them apart from the real work, and the ordering moves
+when a later predicate drops more of what reaches an earlier one per unit of measured time
+(planner/ordering.py). A tuple a predicate was not needed for counts as passing it.
 """
 
 from __future__ import annotations
 
 import re
+import time
+from collections import OrderedDict
 from functools import lru_cache
 
 import numpy as np
@@ -14,9 +24,33 @@ import numpy as np
 from capture.fields import IP, STRING, fields, prefix_mask, split128
 from capture.unpack import TupleBatch
 from collector.prefilter import ip_words
+from planner.ordering import AdaptiveOrder
 from planner.plan import Plan
 from planner.query import Atom, Predicate
 from planner.slots import clear_slot, has_slot
+
+
+class ValueCache:
+    """Outcomes of regular expressions by (pattern, value), least recently used out."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._d: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def search(self, rx: re.Pattern, value: str) -> bool:
+        key = (rx.pattern, value)
+        hit = self._d.get(key)
+        if hit is not None:
+            self.hits += 1
+            self._d.move_to_end(key)
+            return hit
+        self.misses += 1
+        hit = rx.search(value) is not None
+        self._d[key] = hit
+        if len(self._d) > self.size:
+            self._d.popitem(last=False)
+        return hit
 
 
 @lru_cache(maxsize=1024)
@@ -24,14 +58,18 @@ def _regex(pattern: str) -> re.Pattern:
     return re.compile(pattern)
 
 
-def eval_atom(a: Atom, stream: str, tb: TupleBatch, rows: np.ndarray) -> np.ndarray:
+def eval_atom(a: Atom, stream: str, tb: TupleBatch, rows: np.ndarray,
+              cache: ValueCache | None = None) -> np.ndarray:
     """The atom on the given rows (NULL is false, negated or not)."""
     kind = fields(stream)[a.field].kind
     if kind == STRING:
         col = tb.strings[a.field].take(rows).to_pylist()
         if a.op == "regexp":
             rx = _regex(a.values[0])
-            hit = np.array([v is not None and rx.search(v) is not None for v in col], bool)
+            if cache is not None and cache.size:
+                hit = np.array([v is not None and cache.search(rx, v) for v in col], bool)
+            else:
+                hit = np.array([v is not None and rx.search(v) is not None for v in col], bool)
         elif a.op in ("=", "in", "!="):
             vals = set(a.values)
             hit = np.array([v is not None and v in vals for v in col], bool)
@@ -63,33 +101,59 @@ def eval_atom(a: Atom, stream: str, tb: TupleBatch, rows: np.ndarray) -> np.ndar
     return hit & valid
 
 
-def eval_predicate(p: Predicate, tb: TupleBatch, rows: np.ndarray) -> np.ndarray:
+def eval_predicate(p: Predicate, tb: TupleBatch, rows: np.ndarray,
+                   cache: ValueCache | None = None) -> np.ndarray:
     """A base predicate (an OR of atoms) on the given rows."""
     out = np.zeros(len(rows), dtype=bool)
     for a in p.atoms:
-        out |= eval_atom(a, p.stream, tb, rows)
+        out |= eval_atom(a, p.stream, tb, rows, cache)
     return out
 
 
 class Residual:
-    """Residual predicates of one stream's queries, applied to Q in place."""
+    """Residual predicates of one stream's queries, applied to Q in place, in an order kept
+    by ``ordering`` (a planner/ordering.py variant, or "cost": catalogue cost only)."""
 
-    def __init__(self, plan: Plan, stream: str):
+    def __init__(self, plan: Plan, stream: str, ordering: str = "a-greedy", p: float = 0.01,
+                 window: int = 1000, alpha: float = 0.9, stage: int = 500,
+                 cache: ValueCache | None = None, seed: int = 0):
         self.plan = plan
         self.users: dict[int, list[int]] = {}  # predicate id -> slots that check it
         for qp in plan.queries:
             if qp.query.stream == stream:
-                for p in qp.residual:
-                    self.users.setdefault(p, []).append(qp.slot)
+                for pid in qp.residual:
+                    self.users.setdefault(pid, []).append(qp.slot)
+        # cheapest first to start with: a failed cheap predicate spares the expensive ones
+        self.ids = sorted(self.users, key=lambda pid: (plan.predicates[pid].cost, pid))
+        self.ordering = ordering
+        self.adaptive = AdaptiveOrder(len(self.ids), ordering, p=p, window=window,
+                                      alpha=alpha, stage=stage, seed=seed) \
+            if ordering != "cost" and len(self.ids) > 1 else None
+        self.p = p
+        self.cache = cache
+        self._rng = np.random.default_rng(seed)
         self.evaluated = 0  # predicate evaluations, for metrics and tests
+        self.profile_evaluated = 0  # of them, evaluations only to profile
 
     def __bool__(self) -> bool:
         return bool(self.users)
 
+    def order(self) -> list[int]:
+        """Predicate ids in the order they run now."""
+        if self.adaptive is None:
+            return list(self.ids)
+        return [self.ids[f] for f in self.adaptive.order]
+
+    def _eval(self, pid: int, tb: TupleBatch, rows: np.ndarray) -> tuple[np.ndarray, float]:
+        """The predicate on ``rows`` and its measured time per tuple."""
+        t0 = time.perf_counter()
+        ok = eval_predicate(self.plan.predicates[pid].predicate, tb, rows, self.cache)
+        return ok, (time.perf_counter() - t0) / len(rows)
+
     def apply(self, tb: TupleBatch, Q: np.ndarray) -> None:
         """Clear query bits whose residual predicates fail; each predicate once per tuple."""
-        # cheapest first: a failed cheap predicate spares the expensive ones
-        for pid in sorted(self.users, key=lambda p: self.plan.predicates[p].cost):
+        order = self.order()
+        for pos, pid in enumerate(order):
             slots = self.users[pid]
             need = np.zeros(len(tb), dtype=bool)
             for s in slots:
@@ -97,8 +161,42 @@ class Residual:
             rows = np.flatnonzero(need)
             if not len(rows):
                 continue
-            ok = eval_predicate(self.plan.predicates[pid].predicate, tb, rows)
+            ok, per_tuple = self._eval(pid, tb, rows)
             self.evaluated += len(rows)
             fail = rows[~ok]
             for s in slots:
                 clear_slot(Q, fail, s)
+            if self.adaptive is not None and len(fail):
+                self._profile(tb, order, pos, fail, per_tuple)
+
+    def _profile(self, tb: TupleBatch, order: list[int], pos: int, fail: np.ndarray,
+                 per_tuple: float) -> None:
+        """Profile a sample of the tuples the predicate at ``pos`` dropped: the positions the
+        variant asks for run on them too (their outcome changes nothing in Q)."""
+        picked = fail[self._rng.random(len(fail)) < self.p]
+        if not len(picked):
+            return
+        index = {pid: f for f, pid in enumerate(self.ids)}
+        extra = [order[k] for k in self.adaptive.profile_positions(pos)]
+        outcomes = {}
+        times = {index[order[pos]]: per_tuple}
+        for pid in extra:
+            ok, t = self._eval(pid, tb, picked)
+            self.evaluated += len(picked)
+            self.profile_evaluated += len(picked)
+            outcomes[index[pid]] = ok
+            times[index[pid]] = t
+        evaluated = {index[pid] for pid in order[:pos + 1]} | set(outcomes)
+        for i in range(len(picked)):
+            drops = {index[order[pos]]} | {f for f, ok in outcomes.items() if not ok[i]}
+            self.adaptive.add(drops, evaluated, times)
+
+    def describe(self) -> dict:
+        """The running order (for GET /prefilter)."""
+        a = self.adaptive
+        return {"ordering": self.ordering,
+                "order": [self.plan.predicates[pid].predicate.text for pid in self.order()],
+                "reorders": a.reorders if a else 0, "profile_tuples": a.profiled if a else 0,
+                "profile_evaluations": self.profile_evaluated,
+                "cache_hits": self.cache.hits if self.cache else 0,
+                "cache_misses": self.cache.misses if self.cache else 0}

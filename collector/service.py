@@ -86,7 +86,8 @@ class Collector:
                                self.sampler, source=c.name,
                                spool_policy=c.spool_policy(s.spool.policy), stop=self._stop,
                                waiting=self.metrics.spool_wait.labels(c.name).inc,
-                               checkpoint=self._checkpoint(src), commit_s=s.spool.commit_s)
+                               checkpoint=self._checkpoint(src), commit_s=s.spool.commit_s,
+                               residual=s.residual)
                         for c, src in zip(s.sources, self.sources, strict=True)]
         self.rebuild()
         self._with_spark = with_spark

@@ -23,6 +23,8 @@ def get_prefilter(c: CollectorDep) -> dict:
     for p in doc["predicates"]:
         p["selectivity"] = measured.get(p["text"], p["selectivity"])
     doc["asc_runtime"] = [e.asc_state() for e in c.engines if e.asc_state() is not None]
+    doc["residual_runtime"] = [e.residual_state() for e in c.engines
+                               if e.residual_state() is not None]
     return doc
 
 

@@ -168,3 +168,27 @@ def test_bad_queries_get_reasons_not_internals(client):
     r = client.post("/queries", json={"name": "x", "sql": "S" * 5_000_000})
     assert r.status_code == 413 and len(r.content) < 1000
     assert r.headers["content-type"] == "application/problem+json"
+
+
+def test_prefilter_shows_the_residual_order(tmp_path):
+    """GET /prefilter says in which order each engine runs its residual predicates, how often
+    the order changed and how the value cache does."""
+    from capture.pcap import open_capture
+    from tests.conftest import capture
+    c = Collector(load_settings(var_dir=tmp_path / "var", initial_queries=None))
+    c.start(with_sources=False, with_spark=False)
+    try:
+        c.register("wiki", "SELECT ts FROM packets WHERE regexp(dns_qname, 'wiki') AND "
+                           "regexp(dns_qname, 'org$')")
+        for raw in open_capture(capture("wikipedia.pcap"), batch_size=256):
+            c.engines[0].process(raw, "sample")
+        with TestClient(create_app(c)) as client:
+            runtime = client.get("/prefilter").json()["residual_runtime"]
+            metrics = client.get("/metrics").text
+    finally:
+        c.stop()
+    assert len(runtime) == 1 and runtime[0]["ordering"] == "a-greedy"
+    assert sorted(runtime[0]["order"]) == ["regexp(dns_qname, 'org$')",
+                                           "regexp(dns_qname, 'wiki')"]
+    assert runtime[0]["cache_hits"] + runtime[0]["cache_misses"] > 0
+    assert 'flowsieve_residual_cache_lookups_total{result="miss",stream="packets"}' in metrics
