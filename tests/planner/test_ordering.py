@@ -11,6 +11,8 @@ import random
 
 import pytest
 
+from bench.bench_adaptivity import correlated
+from bench.bench_adaptivity import optimal as dp_optimal
 from planner.ordering import VARIANTS, AdaptiveOrder, cost
 
 
@@ -28,20 +30,6 @@ def view(order: list[int], profile) -> list[list[int]]:
     return V
 
 
-def correlated(n: int, gamma: int, drop: list[float], m: int, seed: int) -> list[frozenset]:
-    """The paper's model (section 9.1): filters in groups of ``gamma``; a filter gives its
-    group's result on 80% of tuples and an independent one otherwise; filter i drops a tuple
-    with probability ``drop[i // gamma]``. Each tuple: the set of filters that drop it."""
-    rnd = random.Random(seed)
-    out = []
-    for _ in range(m):
-        base = [rnd.random() < d for d in drop]
-        out.append(frozenset(
-            i for i in range(n)
-            if (base[i // gamma] if rnd.random() < 0.8 else rnd.random() < drop[i // gamma])))
-    return out
-
-
 def optimal(n: int, tuples, times) -> float:
     return min(cost(list(o), tuples, times) for o in itertools.permutations(range(n)))
 
@@ -54,13 +42,23 @@ def run(variant: str, n: int, tuples, alpha: float, seed: int) -> tuple[list[int
     return o.order, cost(o.order, tuples, [1.0] * n)
 
 
+def test_the_benchmarks_optimal_order_is_the_best_of_all_orders():
+    """bench_adaptivity's dynamic programming over subsets finds the cost of the best of all
+    n! orders (exhaustive search), on correlated filters with mixed costs."""
+    n, times = 5, [1.0, 3.0, 1.0, 2.0, 6.0]
+    tuples = correlated(n, 2, [0.3, 0.6, 0.8], 5000, random.Random(9))
+    best, order = dp_optimal(n, tuples, times)
+    assert best == pytest.approx(optimal(n, tuples, times))
+    assert cost(order, tuples, times) == pytest.approx(best)
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_matrix_view_is_the_profile_counted(variant):
     """After every profile tuple, each entry of V the variant keeps equals the window counted
     by V's definition for the current order."""
     n = 5
     o = AdaptiveOrder(n, variant, p=0.5, window=40, alpha=0.9, stage=30, seed=3, warmup=10)
-    tuples = correlated(n, 2, [0.7, 0.3, 0.5], 3000, seed=1)
+    tuples = correlated(n, 2, [0.7, 0.3, 0.5], 3000, random.Random(1))
     for drops in tuples:
         o.process(drops)
         want = view(o.order, o.profile)
@@ -77,7 +75,7 @@ def test_a_greedy_keeps_the_greedy_invariant():
     n = 6
     times = [1.0, 3.0, 1.0, 2.0, 1.0, 5.0]
     o = AdaptiveOrder(n, "a-greedy", p=0.3, window=200, alpha=1.0, seed=5)
-    for drops in correlated(n, 3, [0.6, 0.4], 5000, seed=2):
+    for drops in correlated(n, 3, [0.6, 0.4], 5000, random.Random(2)):
         o.process(drops, times)
         if len(o.profile) < o.warmup:
             continue
@@ -129,12 +127,12 @@ def test_a_greedy_converges_near_the_optimal_order(times):
     1.1x before two profile windows of new profile tuples have been collected."""
     n = 6
     o = AdaptiveOrder(n, "a-greedy", p=0.01, window=1000, alpha=0.9, seed=11)
-    first = correlated(n, 2, [0.2, 0.5, 0.85], 150_000, seed=3)
+    first = correlated(n, 2, [0.2, 0.5, 0.85], 150_000, random.Random(3))
     for drops in first:
         o.process(drops, times)
     sample = first[-20000:]
     assert cost(o.order, sample, times) <= 1.1 * optimal(n, sample, times)
-    second = correlated(n, 2, [0.85, 0.2, 0.5], 250_000, seed=4)
+    second = correlated(n, 2, [0.85, 0.2, 0.5], 250_000, random.Random(4))
     best = optimal(n, second[:20000], times)
     assert cost(o.order, second[:20000], times) > 1.5 * best  # the old order no longer does
     start = o.profiled
