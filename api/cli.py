@@ -296,10 +296,23 @@ def _measure(plan, capture: str):
         asc.describe() if cp.ascs else None), sampler.samples()
 
 
+def _tables(settings, queries=()) -> None:
+    """Load the configured prefix tables (a bad file is a one-line error) and check that the
+    queries name only those."""
+    from collector import tables
+    try:
+        tables.configure(settings.tables)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    for q in queries:
+        tables.check(q)
+
+
 def cmd_plan(args) -> int:
     from planner.plan import build_plan
     settings = _with_bits(_settings(args.config), args.bits)
     queries = _read_queries(args.queries)
+    _tables(settings, queries)
     plan = build_plan(queries, **settings.plan_options())
     sequence = None
     if args.capture:
@@ -430,6 +443,7 @@ def cmd_replay(args) -> int:
     queries = _read_queries(args.queries)
     check_capture(args.capture)
     settings = _with_bits(_settings(args.config), args.bits)
+    _tables(settings, queries)
     check_java()
     s = settings.spark
     tmp = None
@@ -520,6 +534,7 @@ def cmd_run(args) -> int:
     check_exposure(settings.api)
     check_port(settings.api.host, settings.api.port)
     check_java()
+    _tables(settings)
     from collector.cluster import owner, probe_in_use
     other = probe_in_use(settings.spool_dir, settings.probe, owner(settings.var_dir),
                          max(10.0, 5 * settings.spark.trigger_s))

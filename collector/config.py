@@ -300,6 +300,9 @@ class Settings(BaseSettings):
         default_factory=lambda: data_file("example.sql"),
         description="a .sql file registered when the registry is empty")
     registry: str = Field("sqlite", pattern="^sqlite$")
+    tables: dict[str, Path] = Field(default_factory=dict, description="prefix tables for "
+                                    "in_table(field, 'name'): name -> file of CIDR prefixes, "
+                                    "one per line (# comments); read again when it changes")
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

@@ -13,6 +13,7 @@ import pyarrow as pa
 from capture.errors import DecodeError
 from capture.netflow import DEFAULT_FLOW_PORTS, Decoder, capture_flows
 from capture.pcap import open_capture
+from collector import tables
 from collector.config import Settings
 from collector.engine import Engine
 from collector.metrics import Metrics
@@ -105,6 +106,9 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
 
     work = Path(workdir)
     settings = settings or Settings()
+    tables.configure(settings.tables)
+    for q in queries:
+        tables.check(q)
     asc, batch_size = settings.asc, settings.batch_size
     watermark_delay_s = settings.spark.watermark_delay_s
     report = progress or (lambda stage, n: None)

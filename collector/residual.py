@@ -23,6 +23,7 @@ import numpy as np
 
 from capture.fields import IP, STRING, fields, prefix_mask, split128
 from capture.unpack import TupleBatch
+from collector import tables
 from collector.prefilter import ip_words
 from planner.ordering import AdaptiveOrder
 from planner.plan import Plan
@@ -80,6 +81,10 @@ def eval_atom(a: Atom, stream: str, tb: TupleBatch, rows: np.ndarray,
             raise ValueError(f"operator {a.op} on a string field")
         valid = np.array([v is not None for v in col], bool)
         return (hit != a.negated) & valid
+    if kind == IP and a.op == "table":
+        hi, lo = ip_words(tb.column(a.field)[rows])
+        hit = tables.lookup(a.values[0], hi, lo)
+        return (hit != a.negated) & tb.ip_valid(a.field)[rows]
     if kind == IP:
         value, length = a.values
         (v_hi, v_lo), (m_hi, m_lo) = split128(value), split128(prefix_mask(length))

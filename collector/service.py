@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from capture.errors import DecodeError
+from collector import tables
 from collector.cluster import (
     PublishedRegistry,
     owner,
@@ -33,7 +34,7 @@ from collector.selectivity import SelectivityMeter
 from collector.sources import Source, make_source
 from collector.spool import Spool
 from planner.plan import Plan, build_plan
-from planner.query import Query, parse_queries
+from planner.query import Query, parse_queries, parse_single
 
 log = logging.getLogger("flowsieve.collector")
 
@@ -69,6 +70,7 @@ class Collector:
     # -- life cycle
     def start(self, with_sources: bool = True, with_spark: bool = True) -> None:
         s = self.settings
+        tables.configure(s.tables)
         for d in (s.var_dir, s.spool_dir, s.results_dir, s.checkpoint_dir):
             Path(d).mkdir(parents=True, exist_ok=True)
         probe = s.role == "capture"
@@ -115,16 +117,20 @@ class Collector:
             times = [e.max_time for e in self.engines if e.max_time is not None]
             latest = max(times) if times else None
             now = int(time.time())
+            # a heartbeat speaks for the present less the watermark delay: a tuple read a
+            # little after it was stamped (a ring's buffering, a followed file's poll, an
+            # exporter's batching) still finds its window open
+            closed = now - self.settings.spark.watermark_delay_s
             try:
                 for e in self.engines:
                     e.flush_due(latest, time.monotonic_ns())
                 # a heartbeat closes windows only once every engine has flushed them, and
                 # never while a live source reads a backlog (a restarted follower)
                 beat = live and all(self._caught_up(e, now) for e in live)
-                flushed = [e.flush_before(now) for e in self.engines] if beat else []
+                flushed = [e.flush_before(closed) for e in self.engines] if beat else []
                 if beat and all(flushed):
                     for e in live:
-                        e.heartbeat(now)
+                        e.heartbeat(closed)
             except Exception as err:  # reported like a source's failure, never silent
                 self.source_errors.append(f"lfta flush: {err!r}")
                 log.exception("LFTA flush or heartbeat failed")
@@ -172,8 +178,8 @@ class Collector:
 
     def stop(self) -> None:
         self._stop.set()
-        for t in self._threads:
-            t.join(timeout=10)
+        for t in self._threads:  # a durable source commits where it is before it ends
+            t.join(timeout=60)
         if self.job is not None:
             self.job.stop()
         if self.registry is not None:
@@ -417,6 +423,7 @@ class Collector:
         return name not in self.registry.disabled()
 
     def register(self, name: str | None, text: str) -> Query:
+        tables.check(parse_single(text, name))  # a table the configuration names
         q = self.registry.add(name, text)
         clear_results(self.settings.results_dir, q.name)
         self.rebuild()

@@ -279,7 +279,8 @@ def build_plan(queries: list[Query], slots: dict[str, int] | None = None, versio
                 ids[p] = len(infos)
                 cost = p.cost
                 # variable-offset fields (dns_qname) are never prefilter candidates
-                fixed = not any(fields(p.stream)[f].variable_offset for f in p.fields)
+                fixed = not any(fields(p.stream)[f].variable_offset for f in p.fields) \
+                    and not any(a.op == "table" for a in p.atoms)  # a table: residual only
                 infos.append(PredicateInfo(len(infos), p, cost, fixed and cost <= cheap_cost,
                                            (selectivity or {}).get(p.text)))
     # bits or ASC (DESIGN): attributes with many constants or ranges go to an ASC

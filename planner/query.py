@@ -45,9 +45,11 @@ class QueryError(ValueError):
 class Atom:
     """One comparison of a field with constants.
 
-    ``op`` is one of = != < <= > >= in between prefix regexp. ``values`` holds ints, strings, or
-    for ``prefix`` the network as (16-byte integer, prefix length over 128 bits).
-    ``negated`` applies to in, between, prefix and regexp (the others fold NOT into ``op``).
+    ``op`` is one of = != < <= > >= in between prefix regexp table. ``values`` holds ints,
+    strings, for ``prefix`` the network as (16-byte integer, prefix length over 128 bits), for
+    ``table`` the name of a configured prefix table (collector/tables.py).
+    ``negated`` applies to in, between, prefix, regexp and table (the others fold NOT into
+    ``op``).
     """
 
     field: str
@@ -60,6 +62,8 @@ class Atom:
         if v is None:
             return False
         c = self.values
+        if self.op == "table":
+            raise ValueError("in_table() is evaluated by collector/residual.py")
         if self.op == "prefix":
             mask = ((1 << 128) - 1) ^ ((1 << (128 - c[1])) - 1)
             return ((v & mask) == c[0]) != self.negated
@@ -75,6 +79,8 @@ class Atom:
         if self.op == "prefix":
             value, length = self.values
             return [value, value | ((1 << (128 - length)) - 1)]
+        if self.op == "table":
+            return []
         return list(self.values)
 
     @property
@@ -89,6 +95,8 @@ class Atom:
             return f"{not_}in_prefix({self.field}, '{format_prefix(*self.values)}')"
         if self.op == "regexp":
             return f"{not_}regexp({self.field}, {_lit(self.values[0])})"
+        if self.op == "table":
+            return f"{not_}in_table({self.field}, {_lit(self.values[0])})"
         if self.op == "in":
             return f"{self.field} {not_}IN ({', '.join(_lit(v) for v in self.values)})"
         if self.op == "between":
@@ -121,6 +129,8 @@ class Predicate:
             f = cat[a.field]
             if a.op == "regexp":
                 total += 100
+            elif a.op == "table":
+                total += 30  # a search per prefix length in the table
             elif f.kind == STRING:
                 total += 20 * max(1, len(a.values))
             elif a.op == "in":
@@ -566,12 +576,20 @@ class _Builder:
             fname = (node.name if isinstance(node, exp.Anonymous) else node.key).lower()
             args = node.expressions if isinstance(node, exp.Anonymous) else \
                 [a for a in (node.this, node.args.get("expression")) if a is not None]
-            if fname in ("in_prefix", "regexp", "regexplike", "regexp_like") and len(args) == 2:
+            if fname in ("in_prefix", "in_table", "regexp", "regexplike", "regexp_like") and \
+                    len(args) == 2:
                 f = self.field_name(args[0])
                 lit = args[1]
                 if not (isinstance(lit, exp.Literal) and lit.is_string):
                     raise self.err(f"{fname}() takes a quoted string as its second argument",
                                    lit)
+                if fname == "in_table":
+                    if self.cat[f].kind != IP:
+                        raise self.err(f"in_table() needs an address field, not {f}", node)
+                    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", lit.this):
+                        raise self.err(f"a prefix table's name is letters, digits, '_' or '-', "
+                                       f"not {lit.this!r}", lit)
+                    return Atom(f, "table", (lit.this,), negated)
                 if fname == "in_prefix":
                     if self.cat[f].kind != IP:
                         raise self.err(f"in_prefix() needs an address field, not {f}", node)
@@ -586,7 +604,7 @@ class _Builder:
                 except re.error as e:
                     raise self.err(f"bad regular expression {lit.this!r}: {e}", lit) from e
                 return Atom(f, "regexp", (lit.this,), negated)
-            raise self.err(f"unknown function {fname}() (in_prefix, regexp)", node)
+            raise self.err(f"unknown function {fname}() (in_prefix, in_table, regexp)", node)
         raise self.err(f"not a base predicate: {node.sql()!r}", node)
 
     def ip_literal(self, node) -> str:

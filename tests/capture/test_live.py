@@ -254,6 +254,8 @@ def test_daemon_exports_kernel_statistics(veth, tmp_path):
     assert 0 < passed < sent  # the plan's filter dropped what no query wants
     assert col.engines[0].tuples_in == passed
     assert 'flowsieve_capture_kernel_drops_total{source="veth"} 0.0' in text
-    position = json.loads((tmp_path / "var" / "state" / "veth.json").read_text())["position"]
+    state = tmp_path / "var" / "state" / "veth.json"
+    assert state.exists()  # stop() waited for the source's last commit
+    position = json.loads(state.read_text())["position"]
     assert started_ns <= position["last_ns"] <= time.time_ns()
     assert col.sources[0].resume(position).startswith("nothing was captured for")
