@@ -130,6 +130,7 @@ class Residual:
                     self.users.setdefault(pid, []).append(qp.slot)
         # cheapest first to start with: a failed cheap predicate spares the expensive ones
         self.ids = sorted(self.users, key=lambda pid: (plan.predicates[pid].cost, pid))
+        self._index = {pid: f for f, pid in enumerate(self.ids)}  # the ordering's filter ids
         self.ordering = ordering
         self.adaptive = AdaptiveOrder(len(self.ids), ordering, p=p, window=window,
                                       alpha=alpha, stage=stage, seed=seed) \
@@ -183,7 +184,7 @@ class Residual:
         picked = fail[self._rng.random(len(fail)) < self.p]
         if not len(picked):
             return
-        index = {pid: f for f, pid in enumerate(self.ids)}
+        index = self._index
         extra = [order[k] for k in self.adaptive.profile_positions(pos)]
         outcomes = {}
         times = {index[order[pos]]: per_tuple}

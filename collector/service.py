@@ -447,11 +447,14 @@ class Collector:
         sharing the spool count as engines: each says in its status which plan it runs and
         how far its files go (collector/cluster.py)."""
         released = []
+        freed = self.registry.freed()
+        if not freed:
+            return released  # nothing to release: no probe status read
         running = [v for v in (e.running_version() for e in self.engines) if v is not None]
         s = self.settings
         probes = [st for st in statuses(s.spool_dir, s.spool.probe_timeout_s)
                   if st["probe"] != s.probe]
-        for slot, version in self.registry.freed():
+        for slot, version in freed:
             if version is None or any(v < version for v in running) or any(
                     st["version"] is None or st["version"] < version for st in probes):
                 continue

@@ -53,7 +53,10 @@ class PrefixTable:
                 value = int(net.network_address)
                 v6.setdefault(net.prefixlen, set()).add((value >> 64, value & (2**64 - 1)))
         self.v4 = {length: np.array(sorted(nets), np.uint64) for length, nets in v4.items()}
-        self.v6 = v6
+        ones = 2**64 - 1  # each IPv6 length as (mask of the high word, of the low word, nets)
+        self.v6 = [(ones ^ ((1 << max(0, 64 - length)) - 1),
+                    0 if length <= 64 else ones ^ ((1 << (128 - length)) - 1), nets)
+                   for length, nets in v6.items()]
         self.size = sum(len(x) for x in v4.values()) + sum(len(x) for x in v6.values())
 
     def contains(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
@@ -73,13 +76,7 @@ class PrefixTable:
         if self.v6 and len(six):
             for k in six:
                 h, low = int(hi[k]), int(lo[k])
-                for length, nets in self.v6.items():
-                    mh = (2**64 - 1) ^ ((1 << max(0, 64 - length)) - 1) if length < 64 else \
-                        2**64 - 1
-                    ml = 0 if length <= 64 else (2**64 - 1) ^ ((1 << (128 - length)) - 1)
-                    if (h & mh, low & ml) in nets:
-                        out[k] = True
-                        break
+                out[k] = any((h & mh, low & ml) in nets for mh, ml, nets in self.v6)
         return out
 
 

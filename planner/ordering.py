@@ -119,14 +119,11 @@ class AdaptiveOrder:
         if dc >= self.n:
             return
         for c in range(dc, self.n):
-            if self.order[c] not in t.drops or not self._kept_column(c):
+            if self.order[c] not in t.drops:
                 continue
             for r in range(0, dc + 1):
                 if self._kept(r, c):
                     self.V[r][c] += delta
-
-    def _kept_column(self, c: int) -> bool:
-        return True
 
     def _kept(self, r: int, c: int) -> bool:
         v = self.variant
@@ -202,8 +199,9 @@ class AdaptiveOrder:
         v = self.variant
         if v == "a-greedy":
             self._correct(i)
-        elif v == "independent":
-            self.order.sort(key=lambda f: -self._unconditional(f) / self.a(f))
+        elif v == "independent":  # V's first row counts each filter's drops
+            drops = {f: self.V[0][c] for c, f in enumerate(self.order)}
+            self.order.sort(key=lambda f: -drops[f] / self.a(f))
             self._recompute()
         elif v == "sweep":  # Figure 5's step for row i: the profiled filter takes position i
             j = self.sweep_j
@@ -216,9 +214,6 @@ class AdaptiveOrder:
             self.reorders += 1
             return True
         return False
-
-    def _unconditional(self, f: int) -> int:
-        return sum(1 for t in self.profile if f in t.drops)
 
     def _correct(self, i: int) -> None:
         """Figure 5: from position i on, recompute each row from the profile window and bring
