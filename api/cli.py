@@ -258,16 +258,18 @@ def _file_size(path: str) -> int | None:
         return None
 
 
-def _measure(plan, capture: str):
-    """Selectivity of every cheap predicate on a capture, the ASC sequence chosen on it, and a
-    sample of the tuples that pass the prefilter (aggregate-tree node sizes)."""
+def _measure(plan, capture: str, residual=None):
+    """Selectivity of every cheap predicate on a capture, the ASC sequence chosen on it, a
+    sample of the tuples that pass the prefilter (aggregate-tree node sizes), and the order
+    the residual stage kept on it (``residual``: its configuration)."""
     import numpy as np
 
     from capture.pcap import open_capture
     from capture.unpack import unpack
     from collector.asc_runtime import AscRuntime
+    from collector.config import ResidualConfig
     from collector.prefilter import compile_prefilter, run_prefilter
-    from collector.residual import eval_predicate
+    from collector.residual import Residual, ValueCache, eval_predicate
     from collector.sampling import TupleSampler
     hits: dict[str, int] = {}
     total = 0
@@ -278,6 +280,9 @@ def _measure(plan, capture: str):
     aggs = [qp for qp in plan.queries if qp.query.stream == "packets"
             and not qp.query.is_selection]
     keys = sorted({k for qp in aggs for k in qp.query.keys})
+    r = residual or ResidualConfig()
+    stage = Residual(plan, "packets", r.ordering, r.profile_probability, r.profile_window,
+                     r.alpha, r.sweep_stage, ValueCache(r.value_cache))
     for raw in open_capture(capture):
         tb = unpack(raw)
         rows = np.arange(len(tb))
@@ -287,25 +292,30 @@ def _measure(plan, capture: str):
                 hits[info.predicate.text] = hits.get(info.predicate.text, 0) + int(
                     eval_predicate(info.predicate, tb, rows).sum())
         _, Q = run_prefilter(cp, tb, asc)
+        if stage:
+            stage.apply(tb, Q)
         if aggs:
             kept = np.flatnonzero(Q.any(axis=1))
             sampler.observe("packets", tb.take(kept), Q[kept], keys, [qp.slot for qp in aggs])
     if asc._R:
         asc.choose(np.concatenate(asc._R), np.concatenate(asc._Q0))
     return ({k: v / total for k, v in hits.items()} if total else {}), (
-        asc.describe() if cp.ascs else None), sampler.samples()
+        asc.describe() if cp.ascs else None), sampler.samples(), (
+        stage.describe() if stage else None)
 
 
 def _tables(settings, queries=()) -> None:
-    """Load the configured prefix tables (a bad file is a one-line error) and check that the
-    queries name only those."""
-    from collector import tables
+    """Load the configured prefix tables and user predicates (a bad file or reference is a
+    one-line error) and check that the queries name only those."""
+    from collector import functions, tables
     try:
         tables.configure(settings.tables)
+        functions.configure(settings.predicates)
     except ValueError as e:
         raise CliError(str(e)) from None
     for q in queries:
         tables.check(q)
+        functions.check(q)
 
 
 def cmd_plan(args) -> int:
@@ -314,16 +324,19 @@ def cmd_plan(args) -> int:
     queries = _read_queries(args.queries)
     _tables(settings, queries)
     plan = build_plan(queries, **settings.plan_options())
-    sequence = None
+    sequence = residual = None
     if args.capture:
         check_capture(args.capture)
-        selectivity, sequence, samples = _measure(plan, args.capture)
+        selectivity, sequence, samples, residual = _measure(plan, args.capture,
+                                                            settings.residual)
         plan = build_plan(queries, selectivity=selectivity, samples=samples,
                           **settings.plan_options())
     if args.format == "json":
         doc = plan.to_json()
         if sequence is not None:
             doc["asc_sequence"] = sequence
+        if residual is not None:
+            doc["residual_runtime"] = [{"stream": "packets", **residual}]
         print(json.dumps(doc, indent=2))
     else:
         print(plan.explain())
@@ -334,6 +347,12 @@ def cmd_plan(args) -> int:
                   f"{' -> '.join(sequence['macro_sequence'])}; micro-arrows: {micro}; "
                   f"{sequence['asc_evaluations_per_tuple'] or 0:.2f} ASCs evaluated per tuple "
                   "(in plan order while measuring)")
+        if residual is not None:
+            print(f"\nresidual order kept by {residual['ordering']} on {args.capture}: "
+                  + " -> ".join(residual["order"])
+                  + f" ({residual['reorders']} reorders over {residual['profile_tuples']} "
+                  f"profiled tuples; value cache {residual['cache_hits']} hits, "
+                  f"{residual['cache_misses']} misses)")
     return 0
 
 

@@ -11,19 +11,30 @@ Gamma correlated filters, the 80% rule, Table 1's parameters).
 - run-time overhead (Figures 13/15 shape): evaluations made only to profile, as a share of all
   evaluations, and the reoptimizer's share of the simulation's time.
 
-Writes ``results/adaptivity.json``. About 2 minutes.
+- OM (003 Figure 3 shape): fidelity against k of a node's sel-λ chart (planner/charts.py) on
+  streams whose selectivity and rate drift with four degrees of noise, with moves, switches and
+  the cost of the plans run over the optimal ones, against RAND and a static plan;
+- the residual stage in the engine's code (collector/residual.py) on the backbone trace's DNS
+  names: today's fixed order against A-Greedy's, and A-Greedy with the value cache.
+
+Writes ``results/adaptivity.json``. About 3 minutes.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import write_result  # noqa: E402
+from planner.charts import Chart, ChartOptions, NodeModel, Scheduler  # noqa: E402
+from planner.charts import cost as om_cost  # noqa: E402
 from planner.ordering import VARIANTS, AdaptiveOrder, cost  # noqa: E402
 
 P = {"a-greedy": 0.01, "independent": 0.005, "sweep": 0.01, "localswaps": 0.01}  # Table 1
@@ -187,6 +198,153 @@ def overhead() -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------------ OM plan charts (seed 003)
+OM_NODE = NodeModel(60, 50_000.0)  # a (src_ip) node: 50,000 groups a window may hold
+OM_SHARE = 250_000.0 / 4  # its share of Spark's merge rate (FACTS), four nodes
+OM_ROUNDS = 600  # the paper's 10 minutes of 1 s rounds; here 600 windows
+
+
+def drifting(rounds: int, cv: float, seed: int) -> list[tuple[float, float]]:
+    """Observed (selectivity, tuples/s) per round: the rate follows two daily-like cycles
+    between 60,000 and 1.5M tuples/s with bursts (1 % of rounds start 5-20 rounds at twice the
+    rate), the node's selectivity drifts between 5 % and 55 %; both with multiplicative noise
+    of coefficient of variation ``cv`` (Figure 3(b)'s erratic streams)."""
+    rng = np.random.default_rng(seed)
+    out, burst = [], 0
+    for r in range(rounds):
+        phase = 2 * math.pi * r / rounds
+        lam = 60_000 + 700_000 * (1 - math.cos(2 * phase))
+        sel = 0.3 + 0.25 * math.sin(3 * phase + 1)
+        if burst == 0 and rng.random() < 0.01:
+            burst = int(rng.integers(5, 20))
+        if burst:
+            lam, burst = lam * 2, burst - 1
+        lam *= max(0.05, 1 + cv * rng.standard_normal())
+        sel = min(1.0, max(0.001, sel * (1 + cv * rng.standard_normal())))
+        out.append((sel, lam))
+    return out
+
+
+def om_run(chart: Chart, stream: list[tuple[float, float]], seed: int) -> dict:
+    """OM (Algorithm 2), RAND (a random candidate each round) and a static plan (the first
+    round's, as the paper's RATE) on one stream: fidelity, and the mean cost of the plan run
+    over the cost of the optimal one (each round at the values observed in it)."""
+    o = chart.options
+    rng = random.Random(seed)
+    sched = Scheduler(chart, *stream[0])
+    static = sched.plan
+    costs = [[om_cost(*chart.estimate(p, *x), o.w_r, o.w_m) for p in chart.plans]
+             for x in stream]
+    best = [min(range(len(c)), key=c.__getitem__) for c in costs]
+    ran, rand = [], []
+    for x in stream:
+        ran.append(sched.plan)
+        rand.append(rng.randrange(len(chart.plans)))
+        sched.end_round(*x)
+
+    def regret(plans):
+        return float(np.mean([c[p] / c[b] for c, p, b in zip(costs, plans, best, strict=True)]))
+    n = len(stream)
+    return {"fidelity": sched.fidelity, "moves": sched.moves, "switches": sched.switches,
+            "optimal_switches": sum(a != b for a, b in zip(best, best[1:], strict=False)),
+            "rand_fidelity": sum(p == b for p, b in zip(rand, best, strict=True)) / n,
+            "static_fidelity": sum(static == b for b in best) / n,
+            "cost_over_optimal": regret(ran), "rand_cost_over_optimal": regret(rand),
+            "static_cost_over_optimal": regret([static] * n),
+            "plans_optimal_somewhere": len(set(best))}
+
+
+def om() -> list[dict]:
+    """Fidelity against k on drifting streams of four degrees of noise (Figure 3 shape)."""
+    rows = []
+    for cv in (0.02, 0.05, 0.1, 0.2):
+        stream = drifting(OM_ROUNDS, cv, 7)
+        for k in (2, 5, 10, 20, 40):
+            for scale in ("log", "linear"):
+                o = ChartOptions(k=k, spark_rows_per_s=OM_SHARE, lambda_scale=scale,
+                                 lambda_max=2e7 if scale == "log" else 4e6)
+                r = {"cv": cv, "k": k, "lambda_scale": scale,
+                     **om_run(Chart.build(OM_NODE, o), stream, k)}
+                rows.append(r)
+            print(f"  cv {cv:.2f} k {k:2d}: " + "  ".join(
+                f"{r['lambda_scale']} fidelity {r['fidelity'] * 100:.0f}% "
+                f"({r['moves']} moves, {r['switches']} switches, cost "
+                f"{r['cost_over_optimal']:.3f}x)" for r in rows[-2:])
+                + f"  RAND {rows[-1]['rand_fidelity'] * 100:.0f}%  static "
+                f"{rows[-1]['static_fidelity'] * 100:.0f}%", flush=True)
+    return rows
+
+
+# ------------------------------------------------------- the residual stage on DNS names
+DNS_QUERIES = """-- name: cdn_lookups
+SELECT time/60 AS t, src_ip, count(*) AS n FROM packets
+WHERE dst_port = 53 AND regexp(dns_qname, '[.](com|net|org)$')
+  AND regexp(dns_qname, 'jsdelivr|github')
+GROUP BY time/60, src_ip;
+-- name: root_lookups
+SELECT time/60 AS t, src_ip, count(*) AS n FROM packets
+WHERE dst_port = 53 AND regexp(dns_qname, '^[a-z0-9.-]+$') AND regexp(dns_qname, 'root-servers')
+GROUP BY time/60, src_ip;
+-- name: ntp_lookups
+SELECT time/60 AS t, dst_port, count(*) AS n FROM packets
+WHERE protocol = 17 AND regexp(dns_qname, '(^|[.])(ntp|time)[.]') AND regexp(dns_qname, 'ubuntu')
+GROUP BY time/60, dst_port;
+"""
+
+
+def dns_residual(packets: int = 2_000_000) -> dict:
+    """The residual stage on the DNS names of the backbone trace: today's fixed order (cost,
+    then id) without a value cache, A-Greedy's order, and A-Greedy with the cache: CPU per
+    tuple of the stage (median of 3 passes) and the same query bits from all three."""
+    from bench.traces import trace
+    from capture.pcap import open_capture
+    from capture.unpack import unpack
+    from collector.prefilter import compile_prefilter, run_prefilter
+    from collector.residual import Residual, ValueCache
+    from planner.plan import build_plan
+    from planner.query import parse_queries
+    path, _ = trace("backbone", 6_000_000, Path(__file__).resolve().parent / ".cache")
+    plan = build_plan(parse_queries(DNS_QUERIES), cheap_cost=10)
+    cp = compile_prefilter(plan, "packets")
+    batches, seen = [], 0
+    for raw in open_capture(path, batch_size=65536):
+        tb = unpack(raw)
+        _, Q = run_prefilter(cp, tb)
+        batches.append((tb, Q))
+        seen += len(tb)
+        if seen >= packets:
+            break
+    modes = {"fixed order, no cache": ("cost", 0), "a-greedy, no cache": ("a-greedy", 0),
+             "a-greedy + value cache": ("a-greedy", 65536)}
+    out: dict = {"packets": seen, "modes": {}}
+    reference = None
+    for name, (ordering, cache) in modes.items():
+        times = []
+        for _ in range(3):
+            res = Residual(plan, "packets", ordering, cache=ValueCache(cache) if cache else None)
+            bits, spent = [], 0.0
+            for tb, Q in batches:
+                q = Q.copy()
+                t0 = time.perf_counter()
+                res.apply(tb, q)
+                spent += time.perf_counter() - t0
+                bits.append(q)
+            times.append(spent)
+        got = np.concatenate(bits)
+        if reference is None:
+            reference = got
+        out["modes"][name] = {"ns_per_tuple": float(np.median(times)) / seen * 1e9,
+                              "evaluations": res.evaluated, "order": res.describe()["order"],
+                              "same_bits": bool(np.array_equal(got, reference))}
+        print(f"  {name}: {out['modes'][name]['ns_per_tuple']:.0f} ns per tuple, "
+              f"{res.evaluated:,} evaluations, order {' -> '.join(res.describe()['order'])}",
+              flush=True)
+    base = out["modes"]["fixed order, no cache"]["ns_per_tuple"]
+    for m in out["modes"].values():
+        m["speedup"] = base / m["ns_per_tuple"]
+    return out
+
+
 def main() -> int:
     t0 = time.perf_counter()
     print("== convergence (cost per tuple against the optimal order)", flush=True)
@@ -195,6 +353,10 @@ def main() -> int:
     adapt = adaptivity()
     print("== run-time overhead", flush=True)
     over = overhead()
+    print("== OM plan charts (fidelity against k, drifting streams)", flush=True)
+    charts = om()
+    print("== the residual stage on the backbone trace's DNS names", flush=True)
+    dns = dns_residual()
     worst = max(r["a-greedy_ratio"] for r in conv)
     recover = list(adapt["a-greedy"]["windows_to_recover"])
     summary = {"a_greedy_worst_ratio": worst,
@@ -202,8 +364,14 @@ def main() -> int:
                "a_greedy_windows_to_recover": recover,
                "a_greedy_recovers_within_2_windows": all(r is not None and r <= 2
                                                          for r in recover)}
+    at10 = {r["cv"]: r for r in charts if r["k"] == 10 and r["lambda_scale"] == "log"}
+    summary["om_fidelity_k10"] = {str(cv): r["fidelity"] for cv, r in at10.items()}
+    summary["om_best_fidelity"] = max(r["fidelity"] for r in charts)
+    summary["om_fidelity_ge_90"] = {str(cv): any(r["fidelity"] >= 0.9 for r in charts
+                                                 if r["cv"] == cv) for cv in at10}
+    summary["dns_residual_speedup"] = {m: v["speedup"] for m, v in dns["modes"].items()}
     write_result("adaptivity", {"convergence": conv, "adaptivity": adapt, "overhead": over,
-                                "summary": summary,
+                                "om": charts, "dns_residual": dns, "summary": summary,
                                 "parameters": {"p": P, "window": WINDOW, "alpha": ALPHA,
                                                "gamma": GAMMA}})
     print(f"== A-Greedy: worst {worst:.3f}x optimal after convergence (target <= 1.1); back "

@@ -177,13 +177,48 @@ class ResidualConfig(BaseModel):
                              "by value (LRU; DNS names repeat); 0: none")
 
 
+class OmConfig(BaseModel):
+    """OM plan charts (planner/charts.py): each maintained LFTA node runs the physical plan
+    (pass-through, or a hash table of a capacity and flush policy) its sel-λ chart indexes at
+    the estimated selectivity and arrival rate, switched at window boundaries."""
+
+    enabled: bool = Field(True, description="false: every node keeps lfta.capacity")
+    k: int = Field(10, ge=1, le=100, description="partitions of each chart dimension")
+    w_r: float = Field(1e9, ge=0, description="weight of 1 / output rate (tuples/s)")
+    w_m: float = Field(0.05, ge=0, description="weight of memory (rows held)")
+    lambda_max: float = Field(2e7, gt=0, description="tuples/s at the chart's top")
+    lambda_min: float = Field(100, gt=0, description="tuples/s at its bottom (log scale)")
+    lambda_scale: Literal["log", "linear"] = Field("log", description="how arrival rates are "
+                                                   "partitioned (linear: the paper's)")
+    capacities: list[int] = Field([4096, 65536, 1 << 20], min_length=1, description="table "
+                                  "capacities the charts choose between")
+    age_fraction: float = Field(0.25, gt=0, le=1, description="an age-flushed table empties "
+                                "every this fraction of its window (1: no such plans)")
+    passthrough: bool = Field(True, description="tuples may bypass a table (low rates)")
+    spark_rows_per_s: float = Field(250_000, gt=0, description="Spark's merge rate, shared "
+                                    "by the nodes (FACTS: stateful merge in local[2])")
+    lfta_tuples_per_s: float = Field(20e6, gt=0, description="a table's merge rate")
+    history: int = Field(5, ge=1, description="d: rounds the estimates weigh")
+    decay: float = Field(0.5, ge=0, description="a in G(r) = exp(-a r)")
+
+    def chart_options(self, max_load: float):
+        from planner.charts import ChartOptions
+        return ChartOptions(k=self.k, w_r=self.w_r, w_m=self.w_m, lambda_max=self.lambda_max,
+                            lambda_min=self.lambda_min, lambda_scale=self.lambda_scale,
+                            capacities=tuple(self.capacities), max_load=max_load,
+                            age_fraction=self.age_fraction, passthrough=self.passthrough,
+                            spark_rows_per_s=self.spark_rows_per_s,
+                            lfta_tuples_per_s=self.lfta_tuples_per_s)
+
+
 class LftaConfig(BaseModel):
     """Partial aggregation before the spool (collector/lfta.py): one hash table per node."""
 
     enabled: bool = Field(True, description="merge tuples into partial aggregates before the "
                           "spool (false: one spool row per tuple and node)")
     capacity: int = Field(1 << 16, ge=16, le=1 << 26, description="slots per node table "
-                          "(a power of two; about capacity × 8 × key words bytes)")
+                          "(a power of two; about capacity × 8 × key words bytes); with om "
+                          "enabled, a node's chart chooses among om.capacities instead")
     max_load: float = Field(0.5, gt=0, le=0.9, description="a table is flushed when this "
                             "fraction of its slots is used")
     max_age_s: float = Field(60.0, gt=0, description="rows never wait longer than this in a "
@@ -294,6 +329,7 @@ class Settings(BaseSettings):
     asc: AscConfig = Field(default_factory=AscConfig)
     lfta: LftaConfig = Field(default_factory=LftaConfig)
     residual: ResidualConfig = Field(default_factory=ResidualConfig)
+    om: OmConfig = Field(default_factory=OmConfig)
     batch_size: int = Field(65536, ge=1, le=1 << 22)
     sources: list[SourceConfig] = Field(default_factory=lambda: [SourceConfig()])
     initial_queries: str | None = Field(
@@ -303,6 +339,10 @@ class Settings(BaseSettings):
     tables: dict[str, Path] = Field(default_factory=dict, description="prefix tables for "
                                     "in_table(field, 'name'): name -> file of CIDR prefixes, "
                                     "one per line (# comments); read again when it changes")
+    predicates: dict[str, str] = Field(
+        default_factory=dict, description="user predicates for WHERE: name -> "
+        "'package.module:function' (collector/functions.py); installed packages may also "
+        "offer them in the flowsieve.predicates entry-point group")
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
@@ -318,7 +358,9 @@ class Settings(BaseSettings):
         and ``flowsieve replay`` all compile with."""
         return {"cheap_cost": self.planner.cheap_cost, "bit_budget": self.planner.bit_budget,
                 "max_j": self.planner.max_j, "asc_min_constants": self.asc.min_constants,
-                "hfta_row_cost": self.planner.hfta_row_cost}
+                "hfta_row_cost": self.planner.hfta_row_cost,
+                "charts": self.om.chart_options(self.lfta.max_load)
+                if self.om.enabled and self.lfta.enabled else None}
 
     @property
     def spool_dir(self) -> Path:

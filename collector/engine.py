@@ -22,10 +22,11 @@ from capture.fields import fields
 from capture.netflow import FlowBatch
 from capture.pcap import RawBatch
 from capture.unpack import TupleBatch, unpack
+from collector import functions
 from collector.asc_runtime import AscRuntime
-from collector.config import AscConfig, LftaConfig, ResidualConfig
+from collector.config import AscConfig, LftaConfig, OmConfig, ResidualConfig
 from collector.durability import Checkpoint
-from collector.lfta import NodeTable, Partials
+from collector.lfta import LftaStats, NodeTable, Partials
 from collector.metrics import Metrics
 from collector.prefilter import CompiledPrefilter, compile_prefilter, run_prefilter
 from collector.residual import Residual, ValueCache
@@ -95,13 +96,16 @@ class Engine:
                  stop: threading.Event | None = None,
                  waiting: Callable[[float], None] | None = None,
                  checkpoint: Checkpoint | None = None, commit_s: float = 1.0,
-                 residual: ResidualConfig | None = None):
+                 residual: ResidualConfig | None = None, om: OmConfig | None = None,
+                 clock: Callable[[], int] = time.monotonic_ns):
         self.spool = spool
         self.asc_config = asc or AscConfig()
         self.residual_config = residual or ResidualConfig()
         # kept across plan versions: a name's outcome does not depend on the plan
         self.value_cache = ValueCache(self.residual_config.value_cache)
         self.lfta_config = lfta or LftaConfig()
+        self.om_config = om or OmConfig()
+        self._clock = clock  # OM's arrival rates (tests drive it)
         self.meter = meter
         self.sampler = sampler
         self.stream = stream
@@ -118,6 +122,7 @@ class Engine:
         self.position: dict | None = None  # after the last batch processed
         self._held: list[Held] = []
         self._committed_at = time.monotonic()
+        self._order_texts: list[str] = []  # the residual order the gauge shows
         self._dirty = False  # tuples processed since the last commit
         self.last_batch_ns = time.monotonic_ns()  # when a batch was last processed
         self._lock = threading.Lock()
@@ -172,10 +177,17 @@ class Engine:
             period = qps[0].query.period
             fp = FolderPlan(self.stream, folder, period, [qp.slot for qp in qps])
             if period is not None:
+                tree, om = plan.tree(self.stream, folder), self.om_config
                 fp.tables = [NodeTable(self.stream, period, keys, slots, cp.q_words,
-                                       self.lfta_config)
+                                       self.lfta_config,
+                                       tree.chart(keys, slots) if tree and om.enabled else None,
+                                       om.history, om.decay)
                              for keys, slots in maintained_nodes(plan, self.stream, folder)]
             folders.append(fp)
+            for t in fp.tables:
+                if t.scheduler is not None:
+                    self.metrics.om_plan.labels(self.stream, t.name, t.scheduler.chart.plans[
+                        t.scheduler.plan].name).set(1)
         a = self.asc_config
         runtime = AscRuntime(cp, a.strategy, a.period_tuples, a.mu, a.sample)
         r = self.residual_config
@@ -204,6 +216,15 @@ class Engine:
         if c is None or not c.residual:
             return None
         return {"stream": self.stream, "source": self.source, **c.residual.describe()}
+
+    def om_state(self) -> list[dict]:
+        """Each charted node's plan, estimates, fidelity, moves and switches (GET /prefilter)."""
+        c = self._c
+        if c is None:
+            return []
+        return [{"stream": self.stream, "source": self.source, "node": t.name,
+                 **t.scheduler.state()}
+                for fp in c.folders for t in fp.tables if t.scheduler is not None]
 
     def asc_state(self) -> dict | None:
         """The running ASC sequence (for GET /prefilter)."""
@@ -331,6 +352,11 @@ class Engine:
                 m.residual_cache.labels(st, "hit").inc(cache.hits - before[2])
             if cache.misses != before[3]:
                 m.residual_cache.labels(st, "miss").inc(cache.misses - before[3])
+            texts = [r.plan.predicates[pid].predicate.text for pid in r.order()]
+            if texts != self._order_texts:
+                self._show_order(texts)
+            for name, n in functions.take_errors().items():
+                m.residual_errors.labels(name).inc(n)
         keep = Q.any(axis=1)
         kept = int(keep.sum())
         self.metrics.prefilter_dropped.labels(self.stream).inc(len(tb) - kept)
@@ -341,6 +367,7 @@ class Engine:
             if matched[slot]:
                 self.metrics.query_matched.labels(name).inc(int(matched[slot]))
         if not kept:
+            self._rounds(c, tb)
             return 0
         # the LFTA tables pick their rows out of the whole batch (a row no query kept has an
         # empty mask); selection rows and the sample take the kept rows
@@ -360,10 +387,60 @@ class Engine:
             for t in fp.tables:
                 parts += t.add(tb, Q, now, c.plan.version, self.probe)
             self._write(fp, self._concat(parts))
+        self._rounds(c, tb)
         self._close_windows(c, now)
         return kept
 
+    def _rounds(self, c: _Compiled, tb) -> None:
+        """OM: each charted node accounts the batch to its round; a node whose chart picked
+        another plan for the next round flushes its table and takes the new one."""
+        if not len(tb):
+            return
+        latest, now = int(tb.time.max()), self._clock()
+        m = self.metrics
+        for fp in c.folders:
+            parts = []
+            for t in fp.tables:
+                s = t.scheduler
+                if s is None:
+                    continue
+                before = (s.rounds, s.hits, s.moves, s.switches, s.plan)
+                switched = t.end_of_batch(latest, len(tb), now)
+                if s.rounds == before[0]:
+                    continue
+                labels = (self.stream, t.name)
+                m.om_rounds.labels(*labels).inc()
+                m.om_hits.labels(*labels).inc(s.hits - before[1])
+                m.om_moves.labels(*labels).inc(s.moves - before[2])
+                m.om_switches.labels(*labels).inc(s.switches - before[3])
+                m.om_fidelity.labels(*labels).set(s.fidelity)
+                if switched is not None:
+                    old, rows = switched
+                    if old is not None:
+                        self._lfta_metrics(t, old)
+                        if len(rows):
+                            parts.append(t.to_spool(rows, c.plan.version, self.probe))
+                    t.reported = LftaStats()
+                    try:
+                        m.om_plan.remove(*labels, s.chart.plans[before[4]].name)
+                    except KeyError:
+                        pass
+                    m.om_plan.labels(*labels, s.chart.plans[s.plan].name).set(1)
+            self._write(fp, self._concat(parts))
+
     # -- LFTA flushes
+    def _show_order(self, texts: list[str]) -> None:
+        """The residual predicates' positions as a gauge (those of an older order removed)."""
+        g = self.metrics.residual_position
+        for text in set(self._order_texts) - set(texts):
+            try:
+                g.remove(self.stream, text)
+            except KeyError:
+                pass
+        for pos, text in enumerate(texts):
+            g.labels(self.stream, text).set(pos)
+        self._order_texts = texts
+
     def flush_due(self, event_time: int | None, now_ns: int) -> None:
         """Flush what is due by the daemon's time: windows ``event_time`` (the latest of every
         source) has passed, and rows older than the maximum age. The collector calls it
@@ -407,8 +484,8 @@ class Engine:
                 self._lfta_metrics(t)
             self._write(fp, self._concat(parts))
 
-    def _lfta_metrics(self, t: NodeTable) -> None:
-        st, seen = t.table.stats, t.reported
+    def _lfta_metrics(self, t: NodeTable, table=None) -> None:
+        st, seen = (t.table if table is None else table).stats, t.reported
         m = self.metrics
         m.lfta_rows_in.labels(self.stream).inc(st.rows_in - seen.rows_in)
         m.lfta_rows_out.labels(self.stream).inc(st.rows_out - seen.rows_out)

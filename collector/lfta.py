@@ -12,7 +12,8 @@ capture daemons). The table is flushed:
 - ``full``: at ``max_load`` of its capacity (the caller gets what was flushed and goes on);
 - ``window``: when the watermark closes windows (only the closed windows' rows leave);
 - ``age``: when its oldest row is older than ``max_age_s`` (rows never wait forever);
-- ``shutdown``: at the end of input.
+- ``shutdown``: at the end of input;
+- ``om_switch``: when OM switches the node to another physical plan (planner/charts.py).
 
 Nothing accepted is lost or counted twice: the rows flushed over a table's life, merged, equal
 the aggregate of every tuple added (tests check this against a Python dictionary aggregator).
@@ -30,11 +31,12 @@ from capture.fields import IP, measures
 from collector.config import LftaConfig
 from collector.keys import KeyLayout
 from collector.spool import TS_US, aggregate_schema
+from planner.charts import Chart, LftaPlan, Scheduler
 from planner.slots import slot_mask
 
 I64_MAX = np.iinfo(np.int64).max
 I64_MIN = np.iinfo(np.int64).min
-FLUSH_REASONS = ("full", "window", "age", "shutdown")
+FLUSH_REASONS = ("full", "window", "age", "shutdown", "om_switch")
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -309,6 +311,10 @@ class PartialTable:
         """Flush every row (end of input, shutdown, a plan change)."""
         return self._drain("shutdown")
 
+    def flush_plan(self) -> Partials:
+        """Flush every row: OM switched the node to another physical plan."""
+        return self._drain("om_switch")
+
     def snapshot(self) -> Partials:
         """A copy of every row held, the table unchanged (a durable source's checkpoint)."""
         return self._rows(np.flatnonzero(self.t_used))
@@ -347,19 +353,68 @@ class NodeTable:
     ``dns_qname``) every tuple goes to the spool as a partial of one."""
 
     def __init__(self, stream: str, period: int, keys, slots, q_words: int,
-                 lfta: LftaConfig | None):
+                 lfta: LftaConfig | None, chart: Chart | None = None,
+                 history: int = 5, decay: float = 0.5):
         self.stream, self.period = stream, period
         self.layout = KeyLayout(stream, keys, q_words)
         self.keys, self.slots = self.layout.keys, sorted(slots)
+        self.name = f"{period}s/{','.join(self.keys) or '-'}/{'.'.join(map(str, self.slots))}"
         self.mask = slot_mask(slots, q_words)
         self.measures = [m.name for m in measures(stream)]
+        self.lfta = lfta
         self.table = None
+        self.scheduler: Scheduler | None = None  # OM (planner/charts.py)
         if lfta is not None and lfta.enabled and self.layout.string is None:
             self.table = PartialTable(1 + self.layout.words, len(self.measures), lfta.capacity,
                                       lfta.max_load, lfta.max_age_s)
+            if chart is not None:
+                self.scheduler = Scheduler(chart, chart.node.sel, chart.node.lam, history,
+                                           decay)
+                self.table = self._table_for(chart.plans[self.scheduler.plan])
+        self._round: int | None = None  # the window start of the round running (OM)
+        self._round_ns = 0  # when it began (monotonic)
+        self._round_all = self._round_node = 0  # the stream's and the node's tuples in it
         self.schema = aggregate_schema(stream)
         self._kinds = np.array([int(kind == IP) for kind in self.layout.kinds], np.int8)
         self.reported = LftaStats()  # what the metrics have counted so far
+
+    def _table_for(self, p: LftaPlan) -> PartialTable | None:
+        """A physical plan's table (None: pass-through)."""
+        if p.kind == "passthrough":
+            return None
+        age = self.lfta.max_age_s
+        if p.flush == "age":
+            age = min(age, self.period * self.scheduler.chart.options.age_fraction)
+        return PartialTable(1 + self.layout.words, len(self.measures), p.capacity,
+                            self.lfta.max_load, age)
+
+    def end_of_batch(self, latest: int, tuples: int, now_ns: int
+                     ) -> tuple[PartialTable | None, Partials] | None:
+        """OM's round accounting after a batch of ``tuples`` of the stream whose latest time
+        is ``latest``, processed at ``now_ns`` (monotonic) (Algorithm 2): when the batch reached
+        a later window, the round ends (rounds end at batch granularity) and the chart's plan
+        for the next one is taken. The arrival rate is tuples per second of processing time:
+        the load the node puts on Spark (a replayed file arrives faster than it was captured).
+        Returns (the table replaced, its rows) when the plan switched, else None."""
+        if self.scheduler is None:
+            return None
+        ws = (latest // self.period) * self.period
+        if self._round is None:
+            self._round, self._round_ns = ws, now_ns
+        self._round_all += tuples
+        if ws <= self._round:
+            return None
+        sel = self._round_node / self._round_all if self._round_all else 0.0
+        lam = self._round_all / max((now_ns - self._round_ns) / 1e9, 1e-6)
+        before = self.scheduler.plan
+        plan = self.scheduler.end_round(sel, lam)
+        self._round, self._round_ns, self._round_all, self._round_node = ws, now_ns, 0, 0
+        if plan == before:
+            return None
+        old = self.table
+        rows = old.flush_plan() if old is not None else None
+        self.table = self._table_for(self.scheduler.chart.plans[plan])
+        return old, rows
 
     def rows_of(self, tb, Q: np.ndarray) -> tuple[Partials, pa.Array | None] | None:
         """The batch's tuples of this node as partials of one, with their string key (None
@@ -382,13 +437,17 @@ class NodeTable:
         """Take a batch's tuples; returns the spool rows due now (every tuple without a table,
         what a full table flushed with one)."""
         if self.table is not None:
-            return [self.to_spool(p, plan_version, probe)
-                    for p in self.table.merge_batch(Q, self.mask, tb.time, self.period,
-                                                    *self._columns(tb), now_ns)]
+            before = self.table.stats.rows_in
+            out = [self.to_spool(p, plan_version, probe)
+                   for p in self.table.merge_batch(Q, self.mask, tb.time, self.period,
+                                                   *self._columns(tb), now_ns)]
+            self._round_node += self.table.stats.rows_in - before
+            return out
         got = self.rows_of(tb, Q)
         if got is None:
             return []
         rows, strings = got
+        self._round_node += len(rows)
         return [self.to_spool(rows, plan_version, probe, strings)]
 
     def _columns(self, tb) -> tuple[np.ndarray, ...]:

@@ -33,8 +33,16 @@ class Metrics:
                                          "Times the residual predicates' order changed "
                                          "(A-Greedy or its variant)", ["stream"], registry=r)
         self.residual_cache = Counter("flowsieve_residual_cache_lookups",
-                                      "Regular-expression outcomes looked up by value, by "
-                                      "result (hit, miss)", ["stream", "result"], registry=r)
+                                      "Regular-expression and user-predicate outcomes looked "
+                                      "up by value, by result (hit, miss)",
+                                      ["stream", "result"], registry=r)
+        self.residual_position = Gauge("flowsieve_residual_position",
+                                       "Each residual predicate's position in the order it "
+                                       "runs (0 first)", ["stream", "predicate"], registry=r)
+        self.residual_errors = Counter("flowsieve_residual_errors",
+                                       "Values on which a user predicate raised (counted as "
+                                       "false; each distinct value of a batch once)",
+                                       ["predicate"], registry=r)
         self.asc_evaluations = Counter("flowsieve_asc_evaluations",
                                        "ASC region look-ups (one per tuple and ASC evaluated)",
                                        ["stream"], registry=r)
@@ -55,6 +63,19 @@ class Metrics:
         self.lfta_bytes = Gauge("flowsieve_lfta_bytes",
                                 "Memory of the LFTA tables (bounded by lfta.capacity per node)",
                                 ["stream"], registry=r)
+        om = ["stream", "node"]
+        self.om_rounds = Counter("flowsieve_om_rounds", "Windows OM scheduled a plan for, by "
+                                 "maintained node", om, registry=r)
+        self.om_hits = Counter("flowsieve_om_hits", "Rounds whose plan was the cheapest at the "
+                               "selectivity and rate then observed", om, registry=r)
+        self.om_moves = Counter("flowsieve_om_moves", "Times the estimates crossed into "
+                                "another chart region", om, registry=r)
+        self.om_switches = Counter("flowsieve_om_switches", "Times a node changed physical "
+                                   "plan", om, registry=r)
+        self.om_fidelity = Gauge("flowsieve_om_fidelity", "Hits per round so far", om,
+                                 registry=r)
+        self.om_plan = Gauge("flowsieve_om_plan", "The physical plan a node runs (1)",
+                             [*om, "plan"], registry=r)
         self.lfta_flushes = Counter("flowsieve_lfta_flushes",
                                     "LFTA table flushes by reason (full, window, age, shutdown)",
                                     ["stream", "reason"], registry=r)

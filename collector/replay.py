@@ -13,7 +13,7 @@ import pyarrow as pa
 from capture.errors import DecodeError
 from capture.netflow import DEFAULT_FLOW_PORTS, Decoder, capture_flows
 from capture.pcap import open_capture
-from collector import tables
+from collector import functions, tables
 from collector.config import Settings
 from collector.engine import Engine
 from collector.metrics import Metrics
@@ -59,7 +59,8 @@ def measure(capture, plan: Plan, spool: Spool, settings: Settings,
     sampler = TupleSampler(rows=8192, probability=min(1.0, 8192 / expect))
     for stream in plan.streams():
         engine = Engine(spool, stream, Metrics(), "measure", meter=meter, asc=settings.asc,
-                        lfta=settings.lfta, sampler=sampler, residual=settings.residual)
+                        lfta=settings.lfta, sampler=sampler, residual=settings.residual,
+                        om=settings.om)
         engine.set_plan(plan)
         seen = 0
         try:
@@ -107,8 +108,10 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     work = Path(workdir)
     settings = settings or Settings()
     tables.configure(settings.tables)
+    functions.configure(settings.predicates)
     for q in queries:
         tables.check(q)
+        functions.check(q)
     asc, batch_size = settings.asc, settings.batch_size
     watermark_delay_s = settings.spark.watermark_delay_s
     report = progress or (lambda stage, n: None)
@@ -127,7 +130,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
         if not any(q.stream == stream for q in queries):
             continue
         engine = Engine(spool, stream, metrics, "replay", watermark_delay_s, asc=asc,
-                        lfta=settings.lfta, residual=settings.residual)
+                        lfta=settings.lfta, residual=settings.residual, om=settings.om)
         engine.set_plan(plan)
         try:
             done = 0

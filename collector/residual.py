@@ -17,13 +17,14 @@ from __future__ import annotations
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
 
 from capture.fields import IP, STRING, fields, prefix_mask, split128
 from capture.unpack import TupleBatch
-from collector import tables
+from collector import functions, tables
 from collector.prefilter import ip_words
 from planner.ordering import AdaptiveOrder
 from planner.plan import Plan
@@ -32,26 +33,30 @@ from planner.slots import clear_slot, has_slot
 
 
 class ValueCache:
-    """Outcomes of regular expressions by (pattern, value), least recently used out."""
+    """Outcomes of regular expressions and user predicates by (predicate, value), least
+    recently used out."""
 
     def __init__(self, size: int):
         self.size = size
-        self._d: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        self._d: OrderedDict[tuple, bool] = OrderedDict()
         self.hits = self.misses = 0
 
-    def search(self, rx: re.Pattern, value: str) -> bool:
-        key = (rx.pattern, value)
+    def get(self, pred: tuple, value, compute: Callable[[], bool]) -> bool:
+        key = (pred, value)
         hit = self._d.get(key)
         if hit is not None:
             self.hits += 1
             self._d.move_to_end(key)
             return hit
         self.misses += 1
-        hit = rx.search(value) is not None
+        hit = compute()
         self._d[key] = hit
         if len(self._d) > self.size:
             self._d.popitem(last=False)
         return hit
+
+    def search(self, rx: re.Pattern, value: str) -> bool:
+        return self.get(("regexp", rx.pattern), value, lambda: rx.search(value) is not None)
 
 
 @lru_cache(maxsize=1024)
@@ -59,27 +64,39 @@ def _regex(pattern: str) -> re.Pattern:
     return re.compile(pattern)
 
 
+def _value_test(a: Atom, kind: str) -> Callable[[object], bool]:
+    """The atom on one non-NULL value (a string, or any value of a user predicate)."""
+    if a.op == "call":
+        name, args = a.values[0], tuple(a.values[1:])
+        return lambda v: functions.call(name, args, v)
+    if a.op == "regexp":
+        rx = _regex(a.values[0])
+        return lambda v: rx.search(v) is not None
+    if a.op in ("=", "in"):
+        vals = set(a.values)
+        return vals.__contains__
+    if a.op == "!=":
+        vals = set(a.values)
+        return lambda v: v not in vals
+    raise ValueError(f"operator {a.op} on a {kind} field")
+
+
 def eval_atom(a: Atom, stream: str, tb: TupleBatch, rows: np.ndarray,
               cache: ValueCache | None = None) -> np.ndarray:
     """The atom on the given rows (NULL is false, negated or not)."""
     kind = fields(stream)[a.field].kind
-    if kind == STRING:
-        col = tb.strings[a.field].take(rows).to_pylist()
-        if a.op == "regexp":
-            rx = _regex(a.values[0])
-            if cache is not None and cache.size:
-                hit = np.array([v is not None and cache.search(rx, v) for v in col], bool)
-            else:
-                hit = np.array([v is not None and rx.search(v) is not None for v in col], bool)
-        elif a.op in ("=", "in", "!="):
-            vals = set(a.values)
-            hit = np.array([v is not None and v in vals for v in col], bool)
-            if a.op == "!=":
-                hit = np.array([v is not None and v not in vals for v in col], bool)
-                return hit
+    if a.op == "call" or kind == STRING:
+        values, idx = functions.distinct(stream, a.field, tb, rows)
+        test = _value_test(a, kind)
+        if cache is not None and cache.size and a.op in ("regexp", "call"):
+            key = (a.op, *a.values)
+            out = [v is not None and cache.get(key, v, lambda v=v: test(v)) for v in values]
         else:
-            raise ValueError(f"operator {a.op} on a string field")
-        valid = np.array([v is not None for v in col], bool)
+            out = [v is not None and test(v) for v in values]
+        hit = np.array(out, bool)[idx]
+        valid = np.array([v is not None for v in values], bool)[idx]
+        if a.op == "!=":
+            return hit
         return (hit != a.negated) & valid
     if kind == IP and a.op == "table":
         hi, lo = ip_words(tb.column(a.field)[rows])
@@ -128,8 +145,7 @@ class Residual:
             if qp.query.stream == stream:
                 for pid in qp.residual:
                     self.users.setdefault(pid, []).append(qp.slot)
-        # cheapest first to start with: a failed cheap predicate spares the expensive ones
-        self.ids = sorted(self.users, key=lambda pid: (plan.predicates[pid].cost, pid))
+        self.ids = plan.residual_order(stream)
         self._index = {pid: f for f, pid in enumerate(self.ids)}  # the ordering's filter ids
         self.ordering = ordering
         self.adaptive = AdaptiveOrder(len(self.ids), ordering, p=p, window=window,
@@ -195,9 +211,10 @@ class Residual:
             outcomes[index[pid]] = ok
             times[index[pid]] = t
         evaluated = {index[pid] for pid in order[:pos + 1]} | set(outcomes)
+        last = len(picked) - 1
         for i in range(len(picked)):
             drops = {index[order[pos]]} | {f for f, ok in outcomes.items() if not ok[i]}
-            self.adaptive.add(drops, evaluated, times)
+            self.adaptive.add(drops, evaluated, times, check=i == last)
 
     def describe(self) -> dict:
         """The running order (for GET /prefilter)."""

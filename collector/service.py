@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from capture.errors import DecodeError
-from collector import tables
+from collector import functions, tables
 from collector.cluster import (
     PublishedRegistry,
     owner,
@@ -71,6 +71,7 @@ class Collector:
     def start(self, with_sources: bool = True, with_spark: bool = True) -> None:
         s = self.settings
         tables.configure(s.tables)
+        functions.configure(s.predicates)
         for d in (s.var_dir, s.spool_dir, s.results_dir, s.checkpoint_dir):
             Path(d).mkdir(parents=True, exist_ok=True)
         probe = s.role == "capture"
@@ -89,7 +90,7 @@ class Collector:
                                spool_policy=c.spool_policy(s.spool.policy), stop=self._stop,
                                waiting=self.metrics.spool_wait.labels(c.name).inc,
                                checkpoint=self._checkpoint(src), commit_s=s.spool.commit_s,
-                               residual=s.residual)
+                               residual=s.residual, om=s.om)
                         for c, src in zip(s.sources, self.sources, strict=True)]
         self.rebuild()
         self._with_spark = with_spark
@@ -423,7 +424,9 @@ class Collector:
         return name not in self.registry.disabled()
 
     def register(self, name: str | None, text: str) -> Query:
-        tables.check(parse_single(text, name))  # a table the configuration names
+        parsed = parse_single(text, name)
+        tables.check(parsed)  # the tables and user predicates it names are configured
+        functions.check(parsed)
         q = self.registry.add(name, text)
         clear_results(self.settings.results_dir, q.name)
         self.rebuild()

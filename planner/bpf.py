@@ -46,7 +46,7 @@ def _range(op: str, values: tuple) -> tuple[int, int] | None:
 def atom_bpf(atom: Atom) -> str | None:
     """The atom in libpcap syntax, or None when BPF cannot state it exactly or wider."""
     f, op, vals = atom.field, atom.op, atom.values
-    if atom.negated or op in ("regexp", "table", "!="):
+    if atom.negated or op in ("regexp", "table", "call", "!="):
         return None
     if op == "in":
         parts = [atom_bpf(Atom(f, "=", (v,))) for v in vals]

@@ -136,9 +136,11 @@ class AdaptiveOrder:
         return c == r or c == r + 1  # localswaps
 
     def add(self, drops: set[int] | frozenset[int], evaluated: set[int] | frozenset[int],
-            times: dict[int, float] | None = None) -> bool:
+            times: dict[int, float] | None = None, check: bool = True) -> bool:
         """Insert a profile tuple (``drops`` and ``evaluated`` are filter indexes); returns
-        whether the ordering changed."""
+        whether the ordering changed. ``check=False`` defers the reoptimizer to a later
+        profile tuple (the residual stage checks once per batch's profile tuples, not after
+        each: the reoptimizer costs more than the tuples' updates)."""
         t = Profile(frozenset(drops), frozenset(evaluated), dict(times or {}))
         self.profiled += 1
         self.profile.append(t)
@@ -153,7 +155,7 @@ class AdaptiveOrder:
                 self._time_sum[f] -= x
                 self._time_n[f] -= 1
         changed = False
-        for _ in range(self.n if len(self.profile) >= self.warmup else 0):
+        for _ in range(self.n if check and len(self.profile) >= self.warmup else 0):
             # a correction may uncover the next violation
             if not self._reoptimize():
                 break

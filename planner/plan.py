@@ -8,16 +8,17 @@ prefilter. The collector compiles it into arrays for the numba prefilter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from capture.fields import IP, fields
+from capture.fields import IP, STRING, fields
 from planner.aggtree import ROOT, AggNode, AggTree, edge_cost, naive_tree, randomized
 from planner.asc import ASC, add_candidate_arrows, asc_attributes, build_asc, single_attribute
 from planner.bpf import bpf_expression
+from planner.charts import Chart, ChartOptions, NodeModel, node_model
 from planner.cover import Cover, cover_matrix
-from planner.query import Predicate, Query
+from planner.query import RESIDUAL_OPS, Predicate, Query
 from planner.sizes import NodeSizes, TupleSample
 from planner.slots import n_words
 from planner.unpacking import Unpacking, choose_unpacking
@@ -72,15 +73,31 @@ class FolderTree:
     sizes: dict[AggNode, float]
     costs: dict[AggNode, float]  # each node's edge from its parent
     names: dict[int, str]  # slot -> query name
+    models: dict[AggNode, NodeModel] = field(default_factory=dict)  # maintained nodes
+    charts: dict[tuple, Chart] = field(default_factory=dict)  # (keys, slots) -> OM chart
+
+    def _maintained(self) -> list[tuple[AggNode, tuple[str, ...], tuple[int, ...]]]:
+        serves: dict[AggNode, list[int]] = {}
+        for slot, v in self.tree.queries.items():
+            serves.setdefault(self.tree.path(v)[0], []).append(slot)
+        return [(m, tuple(sorted(m.keys)), tuple(sorted(serves[m])))
+                for m in self.tree.maintained if m in serves]
 
     def maintained(self) -> list[tuple[tuple[str, ...], list[int]]]:
         """(keys, slots) of each maintained node; the slots are those of the queries derived
         from it (a query's tuples reach exactly one LFTA table)."""
-        serves: dict[AggNode, list[int]] = {}
-        for slot, v in self.tree.queries.items():
-            serves.setdefault(self.tree.path(v)[0], []).append(slot)
-        return [(tuple(sorted(m.keys)), sorted(serves[m])) for m in self.tree.maintained
-                if m in serves]
+        return [(keys, list(slots)) for _, keys, slots in self._maintained()]
+
+    def chart(self, keys, slots) -> Chart | None:
+        """The OM chart of the maintained node (keys, slots), if the plan built one."""
+        return self.charts.get((tuple(keys), tuple(slots)))
+
+    def build_charts(self, options: ChartOptions) -> None:
+        """Algorithm 1 for each maintained node a hash table can hold (no string key)."""
+        cat = fields(self.stream)
+        self.charts = {(keys, slots): Chart.build(self.models[m], options)
+                       for m, keys, slots in self._maintained()
+                       if m in self.models and not any(cat[k].kind == STRING for k in keys)}
 
     def to_json(self) -> dict:
         t = self.tree
@@ -91,7 +108,9 @@ class FolderTree:
                            "size": self.sizes.get(v), "cost": self.costs.get(v)}
                           for v in t.nodes],
                 "queries": {self.names[s]: [v.text() for v in t.path(v)]
-                            for s, v in sorted(t.queries.items())}}
+                            for s, v in sorted(t.queries.items())},
+                "charts": [{"keys": list(k), "slots": list(s), **c.to_json()}
+                           for (k, s), c in self.charts.items()]}
 
     def explain(self) -> list[str]:
         t = self.tree
@@ -107,6 +126,10 @@ class FolderTree:
                 show(c, depth + 1)
         for m in t.maintained:
             show(m, 0)
+        for (keys, slots), c in self.charts.items():
+            lines.append(f"    OM chart of ({', '.join(keys) or 'no keys'}) for "
+                         + ", ".join(self.names[s] for s in slots) + ":")
+            lines += c.explain()
         for s, v in sorted(t.queries.items()):
             lines.append(f"    {self.names[s]}: " + " -> ".join(x.text() for x in t.path(v)))
         return lines
@@ -140,6 +163,13 @@ class Plan:
             if qp.query.name == name:
                 return qp
         raise KeyError(name)
+
+    def residual_order(self, stream: str) -> list[int]:
+        """The stream's residual predicate ids in the order they start: cheapest first (a
+        failed cheap predicate spares the expensive ones); A-Greedy reorders them on traffic
+        (collector/residual.py)."""
+        used = {p for qp in self.queries if qp.query.stream == stream for p in qp.residual}
+        return sorted(used, key=lambda p: (self.predicates[p].cost, p))
 
     def streams(self) -> list[str]:
         return sorted({qp.query.stream for qp in self.queries})
@@ -186,6 +216,7 @@ class Plan:
             "unpack": {s: self.unpacking(s).to_json() for s in self.streams()},
             "bpf": self.bpf,
             "aggregate_trees": [t.to_json() for t in self.trees],
+            "residual_order": {s: self.residual_order(s) for s in self.streams()},
         }
 
     def explain(self) -> str:
@@ -242,6 +273,11 @@ class Plan:
             lines.append(f"  {q.name} [slot {qp.slot}, {q.stream}, "
                          f"{'select' if q.is_selection else f'every {q.period} s'}]  "
                          f"signature {sig}{ascs}  residual {res}")
+        for s in self.streams():
+            order = self.residual_order(s)
+            if order:
+                lines.append(f"  residual order ({s}, cheapest first; A-Greedy reorders on "
+                             "traffic): " + " -> ".join(f"p{p}" for p in order))
         if self.trees:
             lines += ["", "aggregate trees (LFTA tables maintained while tuples stream; the "
                       "others derived from them when a window closes):"]
@@ -262,13 +298,16 @@ def build_plan(queries: list[Query], slots: dict[str, int] | None = None, versio
                selectivity: dict[str, float] | None = None, max_j: int = 4,
                asc_min_constants: int | None = 3,
                samples: dict[str, TupleSample] | None = None, hfta_row_cost: float = 200.0,
-               tree_seed: int = 0, aggregate_tree: bool = True) -> Plan:
+               tree_seed: int = 0, aggregate_tree: bool = True,
+               charts: ChartOptions | None = None) -> Plan:
     """Compile queries into a plan; ``slots`` maps query names to slots (default: in order);
     ``selectivity`` maps predicate texts to measured selectivities; attributes with at least
     ``asc_min_constants`` constants or a range get an ASC (None: no ASCs); ``samples`` are the
     engine's tuple samples per stream (node sizes of the aggregate trees), ``hfta_row_cost`` the
     cost of one partial row through Spark relative to hashing one tuple; without
-    ``aggregate_tree`` every query keeps its own LFTA table (seed 002's baseline)."""
+    ``aggregate_tree`` every query keeps its own LFTA table (seed 002's baseline); ``charts``
+    builds an OM chart for every maintained node (planner/charts.py), each with an equal share
+    of Spark's merge rate."""
     if slots is None:
         slots = {q.name: i for i, q in enumerate(queries)}
     ids: dict[Predicate, int] = {}
@@ -280,7 +319,7 @@ def build_plan(queries: list[Query], slots: dict[str, int] | None = None, versio
                 cost = p.cost
                 # variable-offset fields (dns_qname) are never prefilter candidates
                 fixed = not any(fields(p.stream)[f].variable_offset for f in p.fields) \
-                    and not any(a.op == "table" for a in p.atoms)  # a table: residual only
+                    and not any(a.op in RESIDUAL_OPS for a in p.atoms)  # residual only
                 infos.append(PredicateInfo(len(infos), p, cost, fixed and cost <= cheap_cost,
                                            (selectivity or {}).get(p.text)))
     # bits or ASC (DESIGN): attributes with many constants or ranges go to an ASC
@@ -343,6 +382,11 @@ def build_plan(queries: list[Query], slots: dict[str, int] | None = None, versio
                        None if None in exp else sum(exp), all(c.by_selectivity for c in covers))
     trees = aggregate_trees(qplans, infos, samples or {}, hfta_row_cost, tree_seed,
                             aggregate_tree)
+    if charts is not None:
+        nodes = sum(len(t.models) for t in trees)
+        share = replace(charts, spark_rows_per_s=charts.spark_rows_per_s / max(1, nodes))
+        for t in trees:
+            t.build_charts(share)
     return Plan(version, infos, bits, qplans, cheap_cost, bit_budget,
                 bpf=bpf_expression(queries), ascs=ascs, cover=merged,
                 asc_min_constants=asc_min_constants or 0, trees=trees)
@@ -382,8 +426,12 @@ def aggregate_trees(qplans: list[QueryPlan], infos: list[PredicateInfo],
         tree = randomized(terminals, sizes, hash_cost, seed=seed, out_cost=hfta_row_cost,
                           stream_size=sizes.tuples_of) if search else naive_plan
         edge = edge_cost(sizes, hash_cost, hfta_row_cost, sizes.tuples_of)
-        out.append(FolderTree(stream, folder, qps[0].query.period, tree, naive,
+        period = qps[0].query.period
+        out.append(FolderTree(stream, folder, period, tree, naive,
                               {v: sizes(v) for v in [ROOT, *tree.nodes]},
                               {v: edge(p, v) for v, p in tree.parent.items()},
-                              {qp.slot: qp.query.name for qp in qps}))
+                              {qp.slot: qp.query.name for qp in qps},
+                              {m: node_model(period, sizes(m), sizes.tuples_of(m),
+                                             sizes.tuples())
+                               for m in tree.maintained}))
     return out

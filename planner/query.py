@@ -19,6 +19,8 @@ from capture.fields import INT32, INT64, IP, STRING, fields, ip_int, parse_prefi
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 NAME_LINE_RE = re.compile(r"^\s*--\s*name:\s*(\S+)\s*$")
+RESIDUAL_OPS = ("table", "call")  # decided by collector/residual.py only, never by a bit
+USER_PREDICATE_COST = 50.0  # a Python call per value (cached by value)
 MAX_CONJUNCTS = 256  # conditions ANDed in one WHERE or HAVING (1,000 would be no real query)
 # sqlglot's expression classes as the operators people wrote (for its "missing" errors)
 OPERATORS = {"EQ": "=", "NEQ": "!=", "GT": ">", "GTE": ">=", "LT": "<", "LTE": "<=",
@@ -45,11 +47,12 @@ class QueryError(ValueError):
 class Atom:
     """One comparison of a field with constants.
 
-    ``op`` is one of = != < <= > >= in between prefix regexp table. ``values`` holds ints,
+    ``op`` is one of = != < <= > >= in between prefix regexp table call. ``values`` holds ints,
     strings, for ``prefix`` the network as (16-byte integer, prefix length over 128 bits), for
-    ``table`` the name of a configured prefix table (collector/tables.py).
-    ``negated`` applies to in, between, prefix, regexp and table (the others fold NOT into
-    ``op``).
+    ``table`` the name of a configured prefix table (collector/tables.py), for ``call`` a user
+    predicate's name and its constant arguments (collector/functions.py).
+    ``negated`` applies to in, between, prefix, regexp, table and call (the others fold NOT
+    into ``op``).
     """
 
     field: str
@@ -62,8 +65,8 @@ class Atom:
         if v is None:
             return False
         c = self.values
-        if self.op == "table":
-            raise ValueError("in_table() is evaluated by collector/residual.py")
+        if self.op in RESIDUAL_OPS:
+            raise ValueError(f"{self.text} is evaluated by collector/residual.py")
         if self.op == "prefix":
             mask = ((1 << 128) - 1) ^ ((1 << (128 - c[1])) - 1)
             return ((v & mask) == c[0]) != self.negated
@@ -79,7 +82,7 @@ class Atom:
         if self.op == "prefix":
             value, length = self.values
             return [value, value | ((1 << (128 - length)) - 1)]
-        if self.op == "table":
+        if self.op in RESIDUAL_OPS:
             return []
         return list(self.values)
 
@@ -97,6 +100,9 @@ class Atom:
             return f"{not_}regexp({self.field}, {_lit(self.values[0])})"
         if self.op == "table":
             return f"{not_}in_table({self.field}, {_lit(self.values[0])})"
+        if self.op == "call":
+            args = "".join(f", {_lit(v)}" for v in self.values[1:])
+            return f"{not_}{self.values[0]}({self.field}{args})"
         if self.op == "in":
             return f"{self.field} {not_}IN ({', '.join(_lit(v) for v in self.values)})"
         if self.op == "between":
@@ -131,6 +137,8 @@ class Predicate:
                 total += 100
             elif a.op == "table":
                 total += 30  # a search per prefix length in the table
+            elif a.op == "call":
+                total += USER_PREDICATE_COST
             elif f.kind == STRING:
                 total += 20 * max(1, len(a.values))
             elif a.op == "in":
@@ -604,7 +612,20 @@ class _Builder:
                 except re.error as e:
                     raise self.err(f"bad regular expression {lit.this!r}: {e}", lit) from e
                 return Atom(f, "regexp", (lit.this,), negated)
-            raise self.err(f"unknown function {fname}() (in_prefix, in_table, regexp)", node)
+            if args and isinstance(args[0], exp.Column) and NAME_RE.match(fname):
+                # a user predicate (collector/functions.py checks the name at registration)
+                f = self.field_name(args[0])
+                consts = []
+                for lit in args[1:]:
+                    v = lit.this if isinstance(lit, exp.Literal) and lit.is_string else \
+                        _number(lit)
+                    if v is None or (not isinstance(v, str) and v != int(v)):
+                        raise self.err(f"{fname}() takes a field, then quoted strings or whole "
+                                       "numbers", lit)
+                    consts.append(v if isinstance(v, str) else int(v))
+                return Atom(f, "call", (fname, *consts), negated)
+            raise self.err(f"unknown function {fname}() (in_prefix, in_table, regexp, or a "
+                           "user predicate on a field)", node)
         raise self.err(f"not a base predicate: {node.sql()!r}", node)
 
     def ip_literal(self, node) -> str:

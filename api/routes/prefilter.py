@@ -25,6 +25,7 @@ def get_prefilter(c: CollectorDep) -> dict:
     doc["asc_runtime"] = [e.asc_state() for e in c.engines if e.asc_state() is not None]
     doc["residual_runtime"] = [e.residual_state() for e in c.engines
                                if e.residual_state() is not None]
+    doc["om_runtime"] = [n for e in c.engines for n in e.om_state()]
     return doc
 
 

@@ -192,3 +192,38 @@ def test_prefilter_shows_the_residual_order(tmp_path):
                                            "regexp(dns_qname, 'wiki')"]
     assert runtime[0]["cache_hits"] + runtime[0]["cache_misses"] > 0
     assert 'flowsieve_residual_cache_lookups_total{result="miss",stream="packets"}' in metrics
+
+
+def test_prefilter_shows_om_charts_and_user_predicates_register(tmp_path):
+    """An aggregate query's node has an OM chart in the plan and a running plan, estimates and
+    counters in ``om_runtime`` and the metrics; a query calling a configured user predicate
+    registers, one calling an unknown one is refused with its line and column."""
+    from capture.pcap import open_capture
+    from tests.conftest import capture
+    c = Collector(load_settings(var_dir=tmp_path / "var", initial_queries=None, predicates={
+        "is_private": "tests.collector.user_predicates:is_private"}))
+    c.start(with_sources=False, with_spark=False)
+    try:
+        c.register("private", "SELECT time/60 AS t, src_ip, count(*) AS n FROM packets WHERE "
+                              "is_private(src_ip) GROUP BY time/60, src_ip")
+        for raw in open_capture(capture("ok.pcap"), batch_size=64):
+            c.engines[0].process(raw, "sample")
+        with TestClient(create_app(c)) as client:
+            doc = client.get("/prefilter").json()
+            metrics = client.get("/metrics").text
+            r = client.post("/queries", json={"name": "bad", "sql": "SELECT ts FROM packets\n"
+                                              "WHERE protocol = 6 AND nope(src_ip)"})
+    finally:
+        c.stop()
+    (tree,) = doc["aggregate_trees"]
+    (chart,) = tree["charts"]
+    assert chart["k"] == 10 and len(chart["grid"]) == 10 and "passthrough" in chart["plans"]
+    (node,) = doc["om_runtime"]
+    assert node["plan"] in chart["plans"] and node["plan"] == chart["initial"]["plan"]
+    assert {"selectivity", "lambda", "rounds", "fidelity", "moves", "switches"} <= set(node)
+    labels = f'node="{node["node"]}",plan="{node["plan"]}",stream="packets"'
+    assert f"flowsieve_om_plan{{{labels}}} 1.0" in metrics
+    assert 'flowsieve_residual_position{predicate="is_private(src_ip)",stream="packets"} 0.0' \
+        in metrics
+    assert r.status_code == 422 and (r.json()["line"], r.json()["column"]) == (2, 24)
+    assert "unknown function nope()" in r.json()["reason"]

@@ -70,7 +70,8 @@ def test_replay_over_windows_with_full_tables(spark, tmp_path):
     """ok.pcap over 7 one-minute windows, through 16-slot tables that fill again and again:
     every window's answer equals dpkt's, and Spark read a fraction of the tuples."""
     path, recs = spread(tmp_path, "ok.pcap", 0.5)
-    settings = Settings(lfta={"capacity": 16, "max_load": 0.5}, initial_queries=None)
+    settings = Settings(lfta={"capacity": 16, "max_load": 0.5}, om={"enabled": False},
+                        initial_queries=None)
     metrics = Metrics()
     queries = parse_queries(open(data_file("example.sql")).read())
     res = replay(path, queries, tmp_path / "work", spark, settings=settings, metrics=metrics)
@@ -100,7 +101,9 @@ def test_two_daemons_share_one_spool(spark, tmp_path):
     partials into one spool; Spark merges them into the answers one daemon gives over all."""
     path, recs = spread(tmp_path, "ok.pcap", 0.5)
     queries = parse_queries(open(data_file("example.sql")).read())
-    plan = build_plan(queries, **Settings(initial_queries=None).plan_options())
+    # tables, not OM's choice for so little traffic (pass-through): partials from both
+    plan = build_plan(queries, **Settings(initial_queries=None,
+                                          om={"enabled": False}).plan_options())
     spool = Spool(tmp_path / "spool")
     engines = [Engine(spool, "packets", probe=f"probe{i}", watermark_delay_s=5)
                for i in range(2)]
@@ -128,3 +131,67 @@ def _every_other(raw, i):
     idx = np.arange(i, len(raw), 2)
     return RawBatch(raw.buf, raw.offset[idx], raw.caplen[idx], raw.wirelen[idx],
                     raw.ts_ns[idx], raw.linktype[idx], raw.iface[idx])
+
+
+
+OM_QUERIES = """-- name: by_proto
+SELECT time/60 AS t, protocol, count(*) AS pkts, sum(wirelen) AS bytes FROM packets
+GROUP BY time/60, protocol;
+-- name: udp_ports
+SELECT time/60 AS t, dst_port, count(*) AS pkts, sum(wirelen) AS bytes FROM packets
+WHERE protocol = 17 GROUP BY time/60, dst_port;
+"""
+
+
+def test_om_switches_plans_at_window_boundaries_and_answers_stay_right(spark, tmp_path):
+    """OM on (history 1: each round's plan follows the last round): windows alternate between
+    a fast and a slow arrival rate (50 tuples in 10 µs or in 10,000 s: the test drives the
+    engine's clock), so every node's chart flips between a hash table (fast: Spark's share
+    would not keep up with a row per tuple) and pass-through (slow: no memory held) at each
+    window boundary. Each switch flushes the old table; Spark's answers still equal dpkt's."""
+    from collector.config import OmConfig
+    path, recs = spread(tmp_path, "ok.pcap", 0.5)
+    queries = parse_queries(OM_QUERIES)
+    plan = build_plan(queries, **Settings(initial_queries=None).plan_options())
+    assert all(t.charts for t in plan.trees)
+    now, prev = [0], [None]
+    metrics = Metrics()
+    spool = Spool(tmp_path / "spool")
+    e = Engine(spool, "packets", metrics, watermark_delay_s=5, om=OmConfig(history=1),
+               clock=lambda: now[0])
+    e.set_plan(plan)
+    for raw in open_capture(path, batch_size=50):
+        window = int(raw.ts_ns.max() // 1_000_000_000) // 60
+        # the time since the last batch belongs to the window that batch was in
+        now[0] += 10_000 if (prev[0] if prev[0] is not None else window) % 2 else 10**13
+        prev[0] = window
+        e.process(raw)
+    e.finish()
+    nodes = e.om_state()
+    assert len(nodes) == 2 and all(n["switches"] >= 4 and n["rounds"] >= 6 for n in nodes)
+    for n in nodes:
+        label = ("packets", n["node"])
+        assert metrics.om_switches.labels(*label)._value.get() == n["switches"]
+        assert metrics.om_rounds.labels(*label)._value.get() == n["rounds"]
+    assert metrics.lfta_flushes.labels("packets", "om_switch")._value.get() > 0
+    slots = {qp.slot: qp.query for qp in plan.queries}
+    job = SparkJob(spark, tmp_path / "spool", tmp_path / "results", tmp_path / "checkpoints",
+                   slots.get, 5)
+    job.run_available_now([(s, f) for s in plan.streams() for f in plan.folders(s)])
+    want: dict = {"by_proto": defaultdict(lambda: [0, 0]), "udp_ports": defaultdict(
+        lambda: [0, 0])}
+    for ts, buf, wl in recs:
+        p = fields_of(ts, buf, 1)
+        if p["protocol"] is None:
+            continue
+        for name, key, ok in (("by_proto", "protocol", True),
+                              ("udp_ports", "dst_port", p["protocol"] == 17)):
+            if ok:
+                acc = want[name][(int(ts) // 60, p[key])]
+                acc[0] += 1
+                acc[1] += wl
+    for qp in plan.queries:
+        key = qp.query.keys[0]
+        got = {(r["t"], r[key]): [r["pkts"], r["bytes"]]
+               for r in rows_of(qp.query, read_results(tmp_path / "results", qp.query))}
+        assert got == dict(want[qp.query.name])

@@ -1,0 +1,304 @@
+"""OM plan charts (seed 003): physical plans of each maintained LFTA node, chosen by a utility of
+output rate and memory, indexed over a sel-λ chart built once with the plan and switched at
+window boundaries as the stream drifts.
+
+Cost model (§3.2, §4.1). A plan's cost is ``w_r / C_r + w_m · C_m``: ``C_r`` its output rate,
+``C_m`` its memory. On a pipeline of operators (``pipeline``) each operator emits
+``sel × min(input rate, tpr)`` (it cannot emit faster than it processes); its intermediate queue
+holds what passes it in a window, ``sel × input rate × W``; the first operator's input buffer
+holds the tuples arriving while it processes a window, ``λ · λW / tpr``, at most one window
+(§3.1: an operator reads one window per round). These are the readings under which the paper's
+Figure 2 example (λ = 500 tuples/s, W = 1 s) gives the figures its text quotes.
+
+An LFTA node's candidate plans (``LftaPlan``) are pass-through (each tuple a spool row of its
+own), and hash tables of several capacities flushed when their window closes or at a fraction of
+it (``age``). Their output rate is in tuples per second accounted for in answers: the node's
+arrival rate, capped by the LFTA's processing rate and by the node's share of Spark's merge rate
+times the tuples each row carries; their memory is in rows held between batches (a table's
+groups, up to its load limit; none for a pass-through, whose rows go to the spool with their
+batch). Groups per window follow ``D · (1 − (1 − 1/D)^n)`` for ``n``
+tuples of a population of ``D`` equally likely groups (planner/sizes.py's model), ``D`` solved
+from the aggregate tree's node size; a full table empties itself (rows ``L · n / n_L`` where
+``n_L`` tuples fill ``L`` groups).
+
+The chart (Algorithm 1) splits selectivity [0, 1] and arrival rate into k regular partitions
+each and stores the cheapest plan at each region's centroid. Rates are partitioned regularly in
+log λ over [λ_min, λ_max] by default (``lambda_scale``): they span five orders of magnitude,
+and regular partitions of [0, λ_max] would put every rate below λ_max / k in one region (the
+paper's linear partitions remain an option; the Figure 2 test uses them). The scheduler
+(Algorithm 2) estimates both by a decay-weighted mean of the last d observed rounds (§4.3,
+``G(r) = e^{-a·r}``), looks the estimate's region up and runs its plan for the next round; a
+*move* is a change of region, a *switch* a change of plan, a *hit* a round whose plan was the
+cheapest at the values then observed (the paper's fidelity).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from planner.sizes import distinct_in_population
+
+
+def cost(c_r: float, c_m: float, w_r: float, w_m: float) -> float:
+    """The utility of §3.2: lower is better."""
+    return (math.inf if c_r <= 0 else w_r / c_r) + w_m * c_m
+
+
+@dataclass(frozen=True)
+class Operator:
+    name: str
+    sel: float  # output tuples per input tuple
+    tpr: float  # tuples per second it processes
+
+
+def pipeline(ops: list[Operator], lam: float, window_s: float) -> tuple[float, float]:
+    """(C_r, C_m) of operators run in this order on a stream of ``lam`` tuples/s (§4.1)."""
+    if not ops:
+        return lam, 0.0
+    first = ops[0]
+    c_m = lam * min(lam * window_s / first.tpr, window_s)  # the input buffer
+    rate = free = lam
+    for o in ops:
+        rate = o.sel * min(rate, o.tpr)
+        free *= o.sel
+        c_m += free * window_s  # its intermediate queue
+    return rate, c_m
+
+
+@dataclass(frozen=True)
+class ChartOptions:
+    """The OM settings (config ``om``) the planner builds charts with."""
+
+    k: int = 10
+    w_r: float = 1e9  # per (tuple/s)^-1: 1e9 / 250k tuples/s = 4,000
+    w_m: float = 0.05  # per row held: 65,536 rows = 3,277
+    lambda_max: float = 2e7  # tuples/s at the chart's top
+    lambda_min: float = 100.0  # and at its bottom (a log scale starts there)
+    lambda_scale: str = "log"  # log | linear (the paper's)
+    capacities: tuple[int, ...] = (4096, 65536, 1 << 20)
+    max_load: float = 0.5
+    age_fraction: float = 0.25  # an age-flushed table empties every this much of its window
+    passthrough: bool = True
+    spark_rows_per_s: float = 250_000.0  # this node's share of Spark's merge rate
+    lfta_tuples_per_s: float = 20e6
+    spool_rows_per_s: float = 2e6
+
+    def plans(self) -> list[LftaPlan]:
+        out = [LftaPlan("passthrough")] if self.passthrough else []
+        for c in self.capacities:
+            out.append(LftaPlan("table", c, "window"))
+            if self.age_fraction < 1:
+                out.append(LftaPlan("table", c, "age"))
+        return out
+
+
+@dataclass(frozen=True)
+class NodeModel:
+    """What the estimates need to know of a node: its window, group population, and the
+    selectivity and arrival rate the plan was built with (the scheduler's first estimate)."""
+
+    period: int
+    groups: float  # D: distinct groups (key, query-bit pattern) a window may hold
+    sel: float = 1.0
+    lam: float = 0.0
+
+
+@dataclass(frozen=True)
+class LftaPlan:
+    """A physical plan of one LFTA node."""
+
+    kind: str  # passthrough | table
+    capacity: int = 0
+    flush: str = "window"  # window | age
+
+    @property
+    def name(self) -> str:
+        if self.kind == "passthrough":
+            return "passthrough"
+        return f"table {self.capacity}/{self.flush}"
+
+    def estimate(self, sel: float, lam: float, node: NodeModel, o: ChartOptions
+                 ) -> tuple[float, float]:
+        """(C_r tuples/s, C_m rows held) at selectivity ``sel`` and ``lam`` tuples/s."""
+        rate = max(sel * lam, 0.0)
+        n = rate * node.period  # the node's tuples per window
+        if self.kind == "passthrough":
+            return min(rate, o.spool_rows_per_s, o.spark_rows_per_s), 0.0
+        limit = max(1, int(self.capacity * o.max_load))
+        pieces = 1 if self.flush == "window" else max(1, round(1 / o.age_fraction))
+        rows, held = _table(n / pieces, limit, node.groups)
+        rows *= pieces
+        per_row = n / rows if rows > 0 else 1.0
+        return min(rate, o.lfta_tuples_per_s, o.spark_rows_per_s * per_row), held
+
+
+def _groups(n: float, D: float) -> float:
+    """Expected distinct groups among ``n`` tuples of ``D`` equally likely ones."""
+    if n <= 0 or D <= 0:
+        return 0.0
+    if D <= 1:
+        return 1.0
+    return D * -math.expm1(n * math.log1p(-1.0 / D))
+
+
+def _table(n: float, limit: int, D: float) -> tuple[float, float]:
+    """(rows flushed, rows held at most) by a table of ``limit`` groups given ``n`` tuples."""
+    g = _groups(n, D)
+    if g <= limit:
+        return g, g
+    n_fill = math.log1p(-limit / D) / math.log1p(-1.0 / D)  # tuples to fill the table
+    return limit * n / n_fill, float(limit)
+
+
+def node_model(period: int, size: float, tuples: float, stream_tuples: float) -> NodeModel:
+    """A node the aggregate tree sized at ``size`` rows per period from ``tuples`` of the
+    stream's ``stream_tuples``."""
+    D = distinct_in_population(size, tuples, max(size, tuples) * 1e6) if tuples > 0 else size
+    sel = min(1.0, tuples / stream_tuples) if stream_tuples > 0 else 1.0
+    return NodeModel(period, max(1.0, D), sel, stream_tuples / period)
+
+
+@dataclass
+class Chart:
+    """A k×k sel-λ chart (Algorithm 1): ``grid[i][j]`` is the plan index of region G(i, j)."""
+
+    plans: list[LftaPlan]
+    k: int
+    lambda_max: float
+    grid: list[list[int]]
+    node: NodeModel
+    options: ChartOptions = field(repr=False, default_factory=ChartOptions)
+    estimate: Callable[[object, float, float], tuple[float, float]] | None = field(
+        default=None, repr=False)  # (plan, sel, λ) -> (C_r, C_m)
+
+    @classmethod
+    def build(cls, node: NodeModel, o: ChartOptions, plans: list | None = None,
+              estimate=None) -> Chart:
+        """Algorithm 1: each region's centroid priced under every plan."""
+        plans = plans if plans is not None else o.plans()
+        chart = cls(plans, o.k, o.lambda_max, [], node, o,
+                    estimate or (lambda p, s, lam: p.estimate(s, lam, node, o)))
+        for i in range(o.k):
+            sel = (i + 0.5) / o.k
+            chart.grid.append([chart.best(sel, chart.lam_at(j + 0.5)) for j in range(o.k)])
+        return chart
+
+    def _log(self) -> bool:
+        return self.options.lambda_scale == "log"
+
+    def lam_at(self, x: float) -> float:
+        """λ at ``x`` partitions from the chart's bottom (x + 0.5: a region's centroid)."""
+        o = self.options
+        if self._log():
+            lo, hi = math.log(o.lambda_min), math.log(o.lambda_max)
+            return math.exp(lo + (hi - lo) * x / self.k)
+        return x * o.lambda_max / self.k
+
+    def best(self, sel: float, lam: float) -> int:
+        """The cheapest plan at exactly (sel, λ) (ties: the first)."""
+        o = self.options
+        costs = [cost(*self.estimate(p, sel, lam), o.w_r, o.w_m) for p in self.plans]
+        return min(range(len(costs)), key=costs.__getitem__)
+
+    def region(self, sel: float, lam: float) -> tuple[int, int]:
+        """The region bounding (sel, λ); values off the chart fall in its edge regions."""
+        o = self.options
+        i = min(self.k - 1, max(0, int(sel * self.k)))
+        if self._log():
+            lo, hi = math.log(o.lambda_min), math.log(o.lambda_max)
+            x = (math.log(max(lam, o.lambda_min)) - lo) / (hi - lo)
+        else:
+            x = lam / o.lambda_max
+        return i, min(self.k - 1, max(0, int(x * self.k)))
+
+    def plan_at(self, sel: float, lam: float) -> int:
+        i, j = self.region(sel, lam)
+        return self.grid[i][j]
+
+    def to_json(self) -> dict:
+        o = self.options
+        return {"k": self.k, "selectivity": [0.0, 1.0],
+                "lambda": [o.lambda_min if self._log() else 0.0, o.lambda_max],
+                "lambda_scale": o.lambda_scale,
+                "plans": [p.name for p in self.plans], "groups": self.node.groups,
+                "initial": {"selectivity": self.node.sel, "lambda": self.node.lam,
+                            "plan": self.plans[self.plan_at(self.node.sel, self.node.lam)].name},
+                "spark_rows_per_s": self.options.spark_rows_per_s, "grid": self.grid}
+
+    def explain(self, indent: str = "      ") -> list[str]:
+        """The chart as rows of plan letters, selectivity down, λ across."""
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        used = sorted({x for row in self.grid for x in row})
+        o = self.options
+        lo = o.lambda_min if self._log() else 0
+        lines = [f"{indent}chart {self.k}x{self.k} (sel 0..1 down, λ {lo:,.0f}..{o.lambda_max:,.0f}"
+                 f"/s across, {o.lambda_scale}): " + ", ".join(f"{letters[x]} {self.plans[x].name}"
+                                                              for x in used)]
+        if self.k <= 20:
+            for row in self.grid:
+                lines.append(indent + "  " + "".join(letters[x] for x in row))
+        return lines
+
+
+class Estimator:
+    """The decay-weighted mean of the last ``d`` observations (§4.3)."""
+
+    def __init__(self, d: int = 5, a: float = 0.5, initial: float | None = None):
+        self.d, self.a = d, a
+        self.seen: deque[float] = deque(maxlen=d)
+        self.initial = initial
+
+    def observe(self, x: float) -> None:
+        self.seen.append(x)
+
+    def estimate(self) -> float | None:
+        if not self.seen:
+            return self.initial
+        num = den = 0.0
+        for r, x in enumerate(reversed(self.seen)):
+            g = math.exp(-self.a * r)
+            num += x * g
+            den += g
+        return num / den
+
+
+class Scheduler:
+    """Algorithm 2 for one node: the plan of each round from the chart and the estimates."""
+
+    def __init__(self, chart: Chart, sel: float, lam: float, d: int = 5, a: float = 0.5):
+        self.chart = chart
+        self.sel = Estimator(d, a, sel)
+        self.lam = Estimator(d, a, lam)
+        self.where = chart.region(sel, lam)
+        self.plan = chart.grid[self.where[0]][self.where[1]]
+        self.rounds = self.hits = self.moves = self.switches = 0
+
+    def end_round(self, sel_o: float, lam_o: float) -> int:
+        """Account the round just run (its observed selectivity and rate) and return the plan
+        of the next one."""
+        self.rounds += 1
+        self.hits += self.plan == self.chart.best(sel_o, lam_o)
+        self.sel.observe(sel_o)
+        self.lam.observe(lam_o)
+        where = self.chart.region(self.sel.estimate(), self.lam.estimate())
+        if where != self.where:
+            self.moves += 1
+            self.where = where
+        plan = self.chart.grid[where[0]][where[1]]
+        if plan != self.plan:
+            self.switches += 1
+            self.plan = plan
+        return plan
+
+    @property
+    def fidelity(self) -> float | None:
+        return self.hits / self.rounds if self.rounds else None
+
+    def state(self) -> dict:
+        return {"plan": self.chart.plans[self.plan].name, "region": list(self.where),
+                "selectivity": self.sel.estimate(), "lambda": self.lam.estimate(),
+                "rounds": self.rounds, "hits": self.hits, "fidelity": self.fidelity,
+                "moves": self.moves, "switches": self.switches}
