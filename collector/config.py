@@ -173,6 +173,8 @@ class ResidualConfig(BaseModel):
     alpha: float = Field(0.9, gt=0, le=1, description="thrashing avoidance: reorder only when "
                          "a later predicate drops more per unit of time by 1/alpha")
     sweep_stage: int = Field(500, ge=10, description="Sweep: profile tuples per stage")
+    profile_budget: float = Field(0.1, gt=0, le=1, description="profiling's share of the "
+                                  "residual stage's time at most (it pauses beyond)")
     value_cache: int = Field(65536, ge=0, description="outcomes of regular expressions kept "
                              "by value (LRU; DNS names repeat); 0: none")
 

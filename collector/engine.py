@@ -192,7 +192,8 @@ class Engine:
         runtime = AscRuntime(cp, a.strategy, a.period_tuples, a.mu, a.sample)
         r = self.residual_config
         residual = Residual(plan, self.stream, r.ordering, r.profile_probability,
-                            r.profile_window, r.alpha, r.sweep_stage, self.value_cache)
+                            r.profile_window, r.alpha, r.sweep_stage, self.value_cache,
+                            budget=r.profile_budget)
         return _Compiled(plan, cp, runtime, residual,
                          plan.unpacking(self.stream).fields, folders,
                          {qp.slot: qp.query.name for qp in plan.queries

@@ -31,7 +31,7 @@ from capture.fields import IP, measures
 from collector.config import LftaConfig
 from collector.keys import KeyLayout
 from collector.spool import TS_US, aggregate_schema
-from planner.charts import Chart, LftaPlan, Scheduler
+from planner.charts import Chart, LftaPlan, Scheduler, fit_groups
 from planner.slots import slot_mask
 
 I64_MAX = np.iinfo(np.int64).max
@@ -368,15 +368,32 @@ class NodeTable:
             self.table = PartialTable(1 + self.layout.words, len(self.measures), lfta.capacity,
                                       lfta.max_load, lfta.max_age_s)
             if chart is not None:
-                self.scheduler = Scheduler(chart, chart.node.sel, chart.node.lam, history,
-                                           decay)
+                # the first window runs the configured table, OM's choice the next ones (the
+                # plan's group counts come from a sample, which misses skewed traffic's tail)
+                first = LftaPlan("table", self.table.capacity, "window")
+                self.scheduler = Scheduler(chart, *chart.start(), history, decay,
+                                           chart.plans.index(first)
+                                           if first in chart.plans else None)
                 self.table = self._table_for(chart.plans[self.scheduler.plan])
         self._round: int | None = None  # the window start of the round running (OM)
         self._round_ns = 0  # when it began (monotonic)
+        self._round_evicted = 0  # the table's evicted rows when it began
         self._round_all = self._round_node = 0  # the stream's and the node's tuples in it
         self.schema = aggregate_schema(stream)
         self._kinds = np.array([int(kind == IP) for kind in self.layout.kinds], np.int8)
         self.reported = LftaStats()  # what the metrics have counted so far
+
+    def _regroup(self) -> None:
+        """After a round of a window-flushed table: the groups it met (rows it evicted in the
+        round plus those it holds, the window just ended not being flushed yet) refit the
+        chart's group population."""
+        t, p = self.table, self.scheduler.chart.plans[self.scheduler.plan]
+        if t is None or p.flush != "window" or not self._round_node:
+            return
+        rows = t.stats.evicted - self._round_evicted + len(t)
+        groups = fit_groups(self._round_node, t.limit, rows)
+        if groups is not None:
+            self.scheduler.regroup(groups)
 
     def _table_for(self, p: LftaPlan) -> PartialTable | None:
         """A physical plan's table (None: pass-through)."""
@@ -407,13 +424,16 @@ class NodeTable:
         sel = self._round_node / self._round_all if self._round_all else 0.0
         lam = self._round_all / max((now_ns - self._round_ns) / 1e9, 1e-6)
         before = self.scheduler.plan
+        self._regroup()
         plan = self.scheduler.end_round(sel, lam)
         self._round, self._round_ns, self._round_all, self._round_node = ws, now_ns, 0, 0
+        self._round_evicted = self.table.stats.evicted if self.table is not None else 0
         if plan == before:
             return None
         old = self.table
         rows = old.flush_plan() if old is not None else None
         self.table = self._table_for(self.scheduler.chart.plans[plan])
+        self._round_evicted = 0
         return old, rows
 
     def rows_of(self, tb, Q: np.ndarray) -> tuple[Partials, pa.Array | None] | None:

@@ -7,7 +7,11 @@ DNS names repeat.
 The predicates are commutative pipelined filters (seed 001): a tuple leaves a predicate's work
 once no query that checks it still holds the tuple. Their order starts by catalogue cost and is
 kept by A-Greedy (or a variant, ``residual.ordering``): dropped tuples are profiled with a
-probability, every later predicate run on them apart from the real work, and the ordering moves
+probability (at most a tenth of the profile window per predicate and batch, so a 65,536-tuple
+batch neither fills the window alone nor spends more on profiling than on filtering), every
+later predicate run on them apart from the real work (while profiling stays within
+``residual.profile_budget`` of the stage's time: predicates that run by distinct value cost
+nanoseconds per tuple, a profile tuple microseconds of Python), and the ordering moves
 when a later predicate drops more of what reaches an earlier one per unit of measured time
 (planner/ordering.py). A tuple a predicate was not needed for counts as passing it.
 """
@@ -138,7 +142,8 @@ class Residual:
 
     def __init__(self, plan: Plan, stream: str, ordering: str = "a-greedy", p: float = 0.01,
                  window: int = 1000, alpha: float = 0.9, stage: int = 500,
-                 cache: ValueCache | None = None, seed: int = 0, timed: bool = True):
+                 cache: ValueCache | None = None, seed: int = 0, timed: bool = True,
+                 budget: float = 0.1, per_batch: int | None = None):
         self.plan = plan
         self.users: dict[int, list[int]] = {}  # predicate id -> slots that check it
         for qp in plan.queries:
@@ -152,6 +157,10 @@ class Residual:
                                       alpha=alpha, stage=stage, seed=seed) \
             if ordering != "cost" and len(self.ids) > 1 else None
         self.p = p
+        # profile tuples one predicate takes per batch
+        self.per_batch = per_batch or max(1, window // 10)
+        self.budget = budget
+        self._profile_s = self._filter_s = 0.0  # time spent profiling; in the whole stage
         self.cache = cache
         self.timed = timed  # False: each predicate's time is its catalogue cost (no clock)
         self._rng = np.random.default_rng(seed)
@@ -177,6 +186,10 @@ class Residual:
     def apply(self, tb: TupleBatch, Q: np.ndarray) -> None:
         """Clear query bits whose residual predicates fail; each predicate once per tuple."""
         order = self.order()
+        t0 = time.perf_counter()
+        # profiling's share of the stage's time stays within the budget (measured times only)
+        profile = self.adaptive is not None and (
+            not self.timed or self._profile_s <= self.budget * self._filter_s)
         for pos, pid in enumerate(order):
             slots = self.users[pid]
             need = np.zeros(len(tb), dtype=bool)
@@ -190,8 +203,11 @@ class Residual:
             fail = rows[~ok]
             for s in slots:
                 clear_slot(Q, fail, s)
-            if self.adaptive is not None and len(fail):
+            if profile and len(fail):
+                t1 = time.perf_counter()
                 self._profile(tb, order, pos, fail, per_tuple)
+                self._profile_s += time.perf_counter() - t1
+        self._filter_s += time.perf_counter() - t0
 
     def _profile(self, tb: TupleBatch, order: list[int], pos: int, fail: np.ndarray,
                  per_tuple: float) -> None:
@@ -200,6 +216,8 @@ class Residual:
         picked = fail[self._rng.random(len(fail)) < self.p]
         if not len(picked):
             return
+        if len(picked) > self.per_batch:  # one batch never fills the window by itself
+            picked = np.sort(self._rng.choice(picked, self.per_batch, replace=False))
         index = self._index
         extra = [order[k] for k in self.adaptive.profile_positions(pos)]
         outcomes = {}

@@ -29,7 +29,9 @@ paper's linear partitions remain an option; the Figure 2 test uses them). The sc
 (Algorithm 2) estimates both by a decay-weighted mean of the last d observed rounds (§4.3,
 ``G(r) = e^{-a·r}``), looks the estimate's region up and runs its plan for the next round; a
 *move* is a change of region, a *switch* a change of plan, a *hit* a round whose plan was the
-cheapest at the values then observed (the paper's fidelity).
+cheapest at the values then observed (the paper's fidelity). Beyond the paper, a table plan's
+window also measures the node's group population (the rows it emitted and still holds, fitted
+to the model); a chart built on a population off by more than 2x is built again.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from planner.sizes import distinct_in_population
 
@@ -153,6 +155,21 @@ def _table(n: float, limit: int, D: float) -> tuple[float, float]:
     return limit * n / n_fill, float(limit)
 
 
+def fit_groups(n: float, limit: int, rows: float) -> float | None:
+    """The group population a window of ``n`` tuples showed a table of ``limit`` groups that
+    emitted or held ``rows`` rows; None when the rows say nothing (no tuples). A table that
+    held them all counted its groups exactly. One that overflowed emptied itself whole each
+    time, so a hot group came out again after each flush: the window had between ``limit``
+    and ``rows`` groups, and the upper bound is taken (skewed traffic fills a table slowly
+    with its hot groups, which the uniform model would read as few groups); the next window,
+    under a larger table, counts them."""
+    if n <= 0 or rows <= 0:
+        return None
+    if rows <= limit:
+        return max(1.0, distinct_in_population(rows, n, n * 1e6))
+    return float(rows)
+
+
 def node_model(period: int, size: float, tuples: float, stream_tuples: float) -> NodeModel:
     """A node the aggregate tree sized at ``size`` rows per period from ``tuples`` of the
     stream's ``stream_tuples``."""
@@ -218,14 +235,21 @@ class Chart:
         i, j = self.region(sel, lam)
         return self.grid[i][j]
 
+    def start(self) -> tuple[float, float]:
+        """The point a node starts at before any window was observed: the selectivity the plan
+        was built with, and the chart's top rate, so the first window runs the plan that bounds
+        Spark's load most (a table: a replayed file arrives far faster than it was captured,
+        and the plan's own rate is the capture's)."""
+        return self.node.sel, self.options.lambda_max
+
     def to_json(self) -> dict:
         o = self.options
         return {"k": self.k, "selectivity": [0.0, 1.0],
                 "lambda": [o.lambda_min if self._log() else 0.0, o.lambda_max],
                 "lambda_scale": o.lambda_scale,
                 "plans": [p.name for p in self.plans], "groups": self.node.groups,
-                "initial": {"selectivity": self.node.sel, "lambda": self.node.lam,
-                            "plan": self.plans[self.plan_at(self.node.sel, self.node.lam)].name},
+                "measured": {"selectivity": self.node.sel, "lambda": self.node.lam},
+                "initial": self.plans[self.plan_at(*self.start())].name,
                 "spark_rows_per_s": self.options.spark_rows_per_s, "grid": self.grid}
 
     def explain(self, indent: str = "      ") -> list[str]:
@@ -268,13 +292,28 @@ class Estimator:
 class Scheduler:
     """Algorithm 2 for one node: the plan of each round from the chart and the estimates."""
 
-    def __init__(self, chart: Chart, sel: float, lam: float, d: int = 5, a: float = 0.5):
+    def __init__(self, chart: Chart, sel: float, lam: float, d: int = 5, a: float = 0.5,
+                 plan: int | None = None):
+        """``plan``: the one to run before any round was observed (default: the chart's at
+        (sel, λ))."""
         self.chart = chart
         self.sel = Estimator(d, a, sel)
         self.lam = Estimator(d, a, lam)
         self.where = chart.region(sel, lam)
-        self.plan = chart.grid[self.where[0]][self.where[1]]
-        self.rounds = self.hits = self.moves = self.switches = 0
+        self.plan = chart.grid[self.where[0]][self.where[1]] if plan is None else plan
+        self.rounds = self.hits = self.moves = self.switches = self.rebuilds = 0
+
+    def regroup(self, groups: float) -> bool:
+        """The node's group population as a window measured it: the chart is built again
+        (Algorithm 1 on the same options) when it is off by more than 2x from the one the chart
+        was built with (a sample underestimates the rare groups of skewed traffic). Returns
+        whether it was."""
+        old = self.chart.node
+        if old.groups / 2 <= groups <= old.groups * 2:
+            return False
+        self.chart = Chart.build(replace(old, groups=groups), self.chart.options)
+        self.rebuilds += 1
+        return True
 
     def end_round(self, sel_o: float, lam_o: float) -> int:
         """Account the round just run (its observed selectivity and rate) and return the plan
@@ -301,4 +340,5 @@ class Scheduler:
         return {"plan": self.chart.plans[self.plan].name, "region": list(self.where),
                 "selectivity": self.sel.estimate(), "lambda": self.lam.estimate(),
                 "rounds": self.rounds, "hits": self.hits, "fidelity": self.fidelity,
-                "moves": self.moves, "switches": self.switches}
+                "moves": self.moves, "switches": self.switches, "groups": self.chart.node.groups,
+                "chart_rebuilds": self.rebuilds}

@@ -219,7 +219,7 @@ def test_prefilter_shows_om_charts_and_user_predicates_register(tmp_path):
     (chart,) = tree["charts"]
     assert chart["k"] == 10 and len(chart["grid"]) == 10 and "passthrough" in chart["plans"]
     (node,) = doc["om_runtime"]
-    assert node["plan"] in chart["plans"] and node["plan"] == chart["initial"]["plan"]
+    assert node["plan"] in chart["plans"] and node["plan"] == "table 65536/window"
     assert {"selectivity", "lambda", "rounds", "fidelity", "moves", "switches"} <= set(node)
     labels = f'node="{node["node"]}",plan="{node["plan"]}",stream="packets"'
     assert f"flowsieve_om_plan{{{labels}}} 1.0" in metrics

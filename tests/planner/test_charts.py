@@ -17,6 +17,7 @@ from planner.charts import (
     Operator,
     Scheduler,
     cost,
+    fit_groups,
     pipeline,
 )
 
@@ -155,3 +156,22 @@ def test_passthrough_holds_nothing_and_spark_caps_it():
     chart = Chart.build(node, ChartOptions(k=10, spark_rows_per_s=1000, lambda_max=10_000))
     assert chart.plans[chart.plan_at(0.5, 100)].kind == "passthrough"
     assert chart.plans[chart.plan_at(0.5, 9_000)].kind == "table"
+
+
+def test_groups_measured_by_a_window_rebuild_the_chart():
+    """A table that held every group counts them (the uniform model inverted: 3,000 tuples
+    of 1,000 equally likely groups show about 950); one that overflowed gives the rows it
+    emitted as the most groups the window had. A chart built on a population off by more than
+    2x is built again, and only then."""
+    rng = np.random.default_rng(5)
+    seen = len(set(rng.integers(0, 1000, 3000).tolist()))
+    assert fit_groups(3000, 4096, seen) == pytest.approx(1000, rel=0.1)
+    assert fit_groups(100_000, 2048, 30_000) == 30_000
+    assert fit_groups(0, 2048, 0) is None
+    o = ChartOptions(spark_rows_per_s=10_000)
+    s = Scheduler(Chart.build(NodeModel(60, 100.0), o), 0.5, 1e6)
+    assert not s.regroup(150.0) and s.rebuilds == 0
+    small = s.chart.plans[s.chart.plan_at(0.5, 1e6)]
+    assert s.regroup(200_000.0) and s.rebuilds == 1 and s.chart.node.groups == 200_000
+    big = s.chart.plans[s.chart.plan_at(0.5, 1e6)]
+    assert small.kind == big.kind == "table" and big.capacity > small.capacity
