@@ -254,9 +254,9 @@ def om_run(chart: Chart, stream: list[tuple[float, float]], seed: int) -> dict:
             "plans_optimal_somewhere": len(set(best))}
 
 
-CANDIDATES = {  # the paper's experiment has 2 candidate plans; flowsieve's default has 7
+CANDIDATES = {  # the paper's experiment has 2 candidate plans; flowsieve's full set has 7
     "2 plans (pass-through, table 65,536)": {"capacities": (65536,), "age_fraction": 1.0},
-    "7 plans (default)": {},
+    "7 plans (all candidates)": {},
 }
 
 

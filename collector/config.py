@@ -196,20 +196,22 @@ class OmConfig(BaseModel):
                                   "capacities the charts choose between")
     age_fraction: float = Field(0.25, gt=0, le=1, description="an age-flushed table empties "
                                 "every this fraction of its window (1: no such plans)")
-    passthrough: bool = Field(True, description="tuples may bypass a table (low rates)")
+    passthrough: bool = Field(True, description="tuples may bypass a table (low rates; only "
+                              "where spark.watermark_delay_s covers the period, as age flushes)")
     spark_rows_per_s: float = Field(250_000, gt=0, description="Spark's merge rate, shared "
                                     "by the nodes (FACTS: stateful merge in local[2])")
     lfta_tuples_per_s: float = Field(20e6, gt=0, description="a table's merge rate")
     history: int = Field(5, ge=1, description="d: rounds the estimates weigh")
     decay: float = Field(0.5, ge=0, description="a in G(r) = exp(-a r)")
 
-    def chart_options(self, max_load: float):
+    def chart_options(self, max_load: float, watermark_delay_s: float):
         from planner.charts import ChartOptions
         return ChartOptions(k=self.k, w_r=self.w_r, w_m=self.w_m, lambda_max=self.lambda_max,
                             lambda_min=self.lambda_min, lambda_scale=self.lambda_scale,
                             capacities=tuple(self.capacities), max_load=max_load,
                             age_fraction=self.age_fraction, passthrough=self.passthrough,
                             spark_rows_per_s=self.spark_rows_per_s,
+                            watermark_delay_s=watermark_delay_s,
                             lfta_tuples_per_s=self.lfta_tuples_per_s)
 
 
@@ -361,7 +363,8 @@ class Settings(BaseSettings):
         return {"cheap_cost": self.planner.cheap_cost, "bit_budget": self.planner.bit_budget,
                 "max_j": self.planner.max_j, "asc_min_constants": self.asc.min_constants,
                 "hfta_row_cost": self.planner.hfta_row_cost,
-                "charts": self.om.chart_options(self.lfta.max_load)
+                "charts": self.om.chart_options(self.lfta.max_load,
+                                                self.spark.watermark_delay_s)
                 if self.om.enabled and self.lfta.enabled else None}
 
     @property

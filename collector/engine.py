@@ -26,7 +26,7 @@ from collector import functions
 from collector.asc_runtime import AscRuntime
 from collector.config import AscConfig, LftaConfig, OmConfig, ResidualConfig
 from collector.durability import Checkpoint
-from collector.lfta import LftaStats, NodeTable, Partials
+from collector.lfta import NodeTable, Partials, PartialTable
 from collector.metrics import Metrics
 from collector.prefilter import CompiledPrefilter, compile_prefilter, run_prefilter
 from collector.residual import Residual, ValueCache
@@ -163,7 +163,7 @@ class Engine:
             pending, self._pending = self._pending, None
         if pending is not None:
             if self._c is not None:
-                self._flush(self._c, lambda t: t.table.flush_all())  # the old plan's partials
+                self._flush(self._c, lambda t, x: x.flush_all())  # the old plan's partials
             self._c = self._compile(pending)
             self.metrics.plan_version.set(pending.version)
         return self._c
@@ -207,8 +207,8 @@ class Engine:
         """(groups held, bytes) of the running plan's LFTA tables."""
         with self._data:
             c = self._c
-            tables = [t.table for fp in (c.folders if c else []) for t in fp.tables
-                      if t.table is not None]
+            tables = [x for fp in (c.folders if c else []) for t in fp.tables
+                      for x in t.tables()]
             return sum(len(t) for t in tables), sum(t.nbytes for t in tables)
 
     def residual_state(self) -> dict | None:
@@ -271,8 +271,8 @@ class Engine:
         snapshot = []
         c = self._c
         for fp in c.folders if c is not None else []:
-            parts = [t.to_spool(t.table.snapshot(), c.plan.version, self.probe)
-                     for t in fp.tables if t.table is not None and len(t.table)]
+            parts = [t.to_spool(x.snapshot(), c.plan.version, self.probe)
+                     for t in fp.tables for x in t.tables() if len(x)]
             batch = self._concat(parts)
             if batch is not None:
                 held = self.spool.write(self.stream, fp.folder, batch, "force",
@@ -394,13 +394,13 @@ class Engine:
 
     def _rounds(self, c: _Compiled, tb) -> None:
         """OM: each charted node accounts the batch to its round; a node whose chart picked
-        another plan for the next round flushes its table and takes the new one."""
+        another plan for the next round takes it (the old table retires, leaving as its
+        windows close)."""
         if not len(tb):
             return
         latest, now = int(tb.time.max()), self._clock()
         m = self.metrics
         for fp in c.folders:
-            parts = []
             for t in fp.tables:
                 s = t.scheduler
                 if s is None:
@@ -415,19 +415,12 @@ class Engine:
                 m.om_moves.labels(*labels).inc(s.moves - before[2])
                 m.om_switches.labels(*labels).inc(s.switches - before[3])
                 m.om_fidelity.labels(*labels).set(s.fidelity)
-                if switched is not None:
-                    old, rows = switched
-                    if old is not None:
-                        self._lfta_metrics(t, old)
-                        if len(rows):
-                            parts.append(t.to_spool(rows, c.plan.version, self.probe))
-                    t.reported = LftaStats()
+                if switched:
                     try:
                         m.om_plan.remove(*labels, s.chart.plans[before[4]].name)
                     except KeyError:
                         pass
                     m.om_plan.labels(*labels, s.chart.plans[s.plan].name).set(1)
-            self._write(fp, self._concat(parts))
 
     # -- LFTA flushes
     def _show_order(self, texts: list[str]) -> None:
@@ -466,27 +459,26 @@ class Engine:
             return
         edge = max(times) - self.watermark_delay_s
 
-        def due(t: NodeTable) -> Partials:
-            old = t.table.flush_if_old(now_ns)
-            return old if old is not None else t.table.flush_windows((edge // t.period)
-                                                                      * t.period)
+        def due(t: NodeTable, x: PartialTable) -> Partials:
+            old = x.flush_if_old(now_ns)
+            return old if old is not None else x.flush_windows((edge // t.period) * t.period)
         self._flush(c, due)
 
     def _flush(self, c: _Compiled, take) -> None:
-        """Write what ``take(table)`` flushes from every LFTA table of the plan."""
+        """Write what ``take(node, table)`` flushes from every LFTA table of the plan."""
         for fp in c.folders:
             parts = []
             for t in fp.tables:
-                if t.table is None:
-                    continue
-                p = take(t)
-                if len(p):
-                    parts.append(t.to_spool(p, c.plan.version, self.probe))
-                self._lfta_metrics(t)
+                for x in t.tables():
+                    p = take(t, x)
+                    if len(p):
+                        parts.append(t.to_spool(p, c.plan.version, self.probe))
+                    self._lfta_metrics(x)
+                t.prune()
             self._write(fp, self._concat(parts))
 
-    def _lfta_metrics(self, t: NodeTable, table=None) -> None:
-        st, seen = (t.table if table is None else table).stats, t.reported
+    def _lfta_metrics(self, table: PartialTable) -> None:
+        st, seen = table.stats, table.reported
         m = self.metrics
         m.lfta_rows_in.labels(self.stream).inc(st.rows_in - seen.rows_in)
         m.lfta_rows_out.labels(self.stream).inc(st.rows_out - seen.rows_out)
@@ -495,7 +487,7 @@ class Engine:
         for reason, n in st.flushes.items():
             if n > seen.flushes[reason]:
                 m.lfta_flushes.labels(self.stream, reason).inc(n - seen.flushes[reason])
-        t.reported = st.copy()
+        table.reported = st.copy()
 
     @staticmethod
     def _concat(parts: list[pa.Table | None]) -> pa.Table | None:
@@ -541,8 +533,8 @@ class Engine:
         if c is None:
             return
         # the partials of every window the punctuation closes reach the spool before it
-        self._flush(c, (lambda t: t.table.flush_all()) if flush_all else
-                    (lambda t: t.table.flush_windows(ws_of_period(t.period))))
+        self._flush(c, (lambda t, x: x.flush_all()) if flush_all else
+                    (lambda t, x: x.flush_windows(ws_of_period(t.period))))
         for fp in c.folders:
             if fp.period is None:
                 continue
@@ -574,7 +566,7 @@ class Engine:
                 return True
             if self._would_wait():
                 return False
-            self._flush(c, lambda t: t.table.flush_windows((now_s // t.period) * t.period))
+            self._flush(c, lambda t, x: x.flush_windows((now_s // t.period) * t.period))
             return True
 
     def heartbeat(self, now_s: int) -> None:

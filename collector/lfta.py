@@ -12,8 +12,10 @@ capture daemons). The table is flushed:
 - ``full``: at ``max_load`` of its capacity (the caller gets what was flushed and goes on);
 - ``window``: when the watermark closes windows (only the closed windows' rows leave);
 - ``age``: when its oldest row is older than ``max_age_s`` (rows never wait forever);
-- ``shutdown``: at the end of input;
-- ``om_switch``: when OM switches the node to another physical plan (planner/charts.py).
+- ``shutdown``: at the end of input.
+
+When OM switches a node to another plan (planner/charts.py), the old table retires: it takes no
+more tuples and leaves as its windows close, so a switch sends no row early.
 
 Nothing accepted is lost or counted twice: the rows flushed over a table's life, merged, equal
 the aggregate of every tuple added (tests check this against a Python dictionary aggregator).
@@ -36,7 +38,7 @@ from planner.slots import slot_mask
 
 I64_MAX = np.iinfo(np.int64).max
 I64_MIN = np.iinfo(np.int64).min
-FLUSH_REASONS = ("full", "window", "age", "shutdown", "om_switch")
+FLUSH_REASONS = ("full", "window", "age", "shutdown")
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -215,6 +217,7 @@ class PartialTable:
         self.capacity, self.limit = cap, max(1, int(cap * max_load))
         self.max_age_ns = int(max_age_s * 1e9)
         self.stats = LftaStats()
+        self.reported = LftaStats()  # what the metrics have counted so far
         self._oldest_ns: int | None = None  # arrival time of the oldest unflushed row
         self._first_window: int | None = None  # the earliest window start held
         self._alloc()
@@ -311,9 +314,6 @@ class PartialTable:
         """Flush every row (end of input, shutdown, a plan change)."""
         return self._drain("shutdown")
 
-    def flush_plan(self) -> Partials:
-        """Flush every row: OM switched the node to another physical plan."""
-        return self._drain("om_switch")
 
     def snapshot(self) -> Partials:
         """A copy of every row held, the table unchanged (a durable source's checkpoint)."""
@@ -379,9 +379,18 @@ class NodeTable:
         self._round_ns = 0  # when it began (monotonic)
         self._round_evicted = 0  # the table's evicted rows when it began
         self._round_all = self._round_node = 0  # the stream's and the node's tuples in it
+        self.retired: list[PartialTable] = []  # tables of earlier plans, until empty
         self.schema = aggregate_schema(stream)
         self._kinds = np.array([int(kind == IP) for kind in self.layout.kinds], np.int8)
-        self.reported = LftaStats()  # what the metrics have counted so far
+
+    def tables(self) -> list[PartialTable]:
+        """The node's tables: the running plan's, and those of earlier plans still holding
+        windows that have not closed."""
+        return ([self.table] if self.table is not None else []) + self.retired
+
+    def prune(self) -> None:
+        """Forget retired tables that have flushed everything."""
+        self.retired = [x for x in self.retired if len(x)]
 
     def _regroup(self) -> None:
         """After a round of a window-flushed table: the groups it met (rows it evicted in the
@@ -405,22 +414,21 @@ class NodeTable:
         return PartialTable(1 + self.layout.words, len(self.measures), p.capacity,
                             self.lfta.max_load, age)
 
-    def end_of_batch(self, latest: int, tuples: int, now_ns: int
-                     ) -> tuple[PartialTable | None, Partials] | None:
+    def end_of_batch(self, latest: int, tuples: int, now_ns: int) -> bool:
         """OM's round accounting after a batch of ``tuples`` of the stream whose latest time
         is ``latest``, processed at ``now_ns`` (monotonic) (Algorithm 2): when the batch reached
         a later window, the round ends (rounds end at batch granularity) and the chart's plan
         for the next one is taken. The arrival rate is tuples per second of processing time:
         the load the node puts on Spark (a replayed file arrives faster than it was captured).
-        Returns (the table replaced, its rows) when the plan switched, else None."""
+        Returns whether the plan switched (the old table then retires, see ``tables``)."""
         if self.scheduler is None:
-            return None
+            return False
         ws = (latest // self.period) * self.period
         if self._round is None:
             self._round, self._round_ns = ws, now_ns
         self._round_all += tuples
         if ws <= self._round:
-            return None
+            return False
         sel = self._round_node / self._round_all if self._round_all else 0.0
         lam = self._round_all / max((now_ns - self._round_ns) / 1e9, 1e-6)
         before = self.scheduler.plan
@@ -429,12 +437,12 @@ class NodeTable:
         self._round, self._round_ns, self._round_all, self._round_node = ws, now_ns, 0, 0
         self._round_evicted = self.table.stats.evicted if self.table is not None else 0
         if plan == before:
-            return None
-        old = self.table
-        rows = old.flush_plan() if old is not None else None
+            return False
+        if self.table is not None and len(self.table):
+            self.retired.append(self.table)
         self.table = self._table_for(self.scheduler.chart.plans[plan])
         self._round_evicted = 0
-        return old, rows
+        return True
 
     def rows_of(self, tb, Q: np.ndarray) -> tuple[Partials, pa.Array | None] | None:
         """The batch's tuples of this node as partials of one, with their string key (None

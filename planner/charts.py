@@ -87,6 +87,7 @@ class ChartOptions:
     spark_rows_per_s: float = 250_000.0  # this node's share of Spark's merge rate
     lfta_tuples_per_s: float = 20e6
     spool_rows_per_s: float = 2e6
+    watermark_delay_s: float = math.inf  # Spark's: early plans only for periods within it
 
     def plans(self) -> list[LftaPlan]:
         out = [LftaPlan("passthrough")] if self.passthrough else []
@@ -184,7 +185,6 @@ class Chart:
 
     plans: list[LftaPlan]
     k: int
-    lambda_max: float
     grid: list[list[int]]
     node: NodeModel
     options: ChartOptions = field(repr=False, default_factory=ChartOptions)
@@ -196,7 +196,7 @@ class Chart:
               estimate=None) -> Chart:
         """Algorithm 1: each region's centroid priced under every plan."""
         plans = plans if plans is not None else o.plans()
-        chart = cls(plans, o.k, o.lambda_max, [], node, o,
+        chart = cls(plans, o.k, [], node, o,
                     estimate or (lambda p, s, lam: p.estimate(s, lam, node, o)))
         for i in range(o.k):
             sel = (i + 0.5) / o.k

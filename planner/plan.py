@@ -93,8 +93,14 @@ class FolderTree:
         return self.charts.get((tuple(keys), tuple(slots)))
 
     def build_charts(self, options: ChartOptions) -> None:
-        """Algorithm 1 for each maintained node a hash table can hold (no string key)."""
+        """Algorithm 1 for each maintained node a hash table can hold (no string key). Plans
+        that send rows of a window before it closes (pass-through, age flushes) are candidates
+        only where the period is at most Spark's watermark delay: Spark's watermark follows the
+        newest window start it read, so a row of the next window read early would make the
+        partials other nodes and probes still hold for this one late."""
         cat = fields(self.stream)
+        if self.period > options.watermark_delay_s:
+            options = replace(options, passthrough=False, age_fraction=1.0)
         self.charts = {(keys, slots): Chart.build(self.models[m], options)
                        for m, keys, slots in self._maintained()
                        if m in self.models and not any(cat[k].kind == STRING for k in keys)}

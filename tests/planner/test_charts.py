@@ -175,3 +175,17 @@ def test_groups_measured_by_a_window_rebuild_the_chart():
     assert s.regroup(200_000.0) and s.rebuilds == 1 and s.chart.node.groups == 200_000
     big = s.chart.plans[s.chart.plan_at(0.5, 1e6)]
     assert small.kind == big.kind == "table" and big.capacity > small.capacity
+
+
+def test_early_plans_only_where_the_watermark_waits_a_period():
+    """Pass-through and age-flushed tables send rows of a window before it closes; they are
+    candidates only in folders whose period Spark's watermark delay covers."""
+    from planner.plan import build_plan
+    from planner.query import parse_queries
+    queries = parse_queries("SELECT time/60 AS t, dst_port, count(*) AS n FROM packets "
+                            "GROUP BY time/60, dst_port;\nSELECT time/1 AS t, protocol, "
+                            "count(*) AS n FROM packets GROUP BY time/1, protocol")
+    plan = build_plan(queries, charts=ChartOptions(watermark_delay_s=2))
+    names = {t.period: {p.name for c in t.charts.values() for p in c.plans} for t in plan.trees}
+    assert names[60] == {"table 4096/window", "table 65536/window", "table 1048576/window"}
+    assert "passthrough" in names[1] and "table 65536/age" in names[1]
