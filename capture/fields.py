@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
 # Kinds: how a field is held in numba (column) and in Arrow/Spark.
@@ -76,6 +77,8 @@ PACKET_FIELDS: tuple[Field, ...] = (
     _f("frag_offset", P, INT32, "ip", 3, 1, True, False, "fragment offset in bytes"),
     _f("more_fragments", P, INT32, "ip", 3, 1, True, False, "MF flag (0/1)"),
     _f("dont_fragment", P, INT32, "ip", 3, 1, True, False, "DF flag (0/1)"),
+    _f("ip_len", P, INT32, "ip", 3, 1, True, True,
+       "IP packet length: IPv4 total length, IPv6 payload length + 40"),
     _f("src_port", P, INT32, "l4", 4, 1, True, False, "TCP, UDP or SCTP source port"),
     _f("dst_port", P, INT32, "l4", 4, 1, True, False, "TCP, UDP or SCTP destination port"),
     _f("tcp_flags", P, INT32, "l4", 4, 1, True, False, "TCP flags byte (CWR..FIN)"),
@@ -222,3 +225,30 @@ def prefix_mask(length: int) -> int:
 def split128(value: int) -> tuple[int, int]:
     """A 128-bit address or mask as its (high, low) 64-bit words, as numba compares them."""
     return value >> 64, value & ((1 << 64) - 1)
+
+
+# -- group keys: a catalogue field, or an address field cut to a prefix ('src_ip/24', written
+# prefix(src_ip, 24) in a query). The length counts bits of the address's own family.
+def key_field(name: str) -> tuple[str, int | None]:
+    """A group key's catalogue field and prefix length: ``'src_ip/24'`` → ``('src_ip', 24)``."""
+    base, sep, bits = name.partition("/")
+    return (base, int(bits)) if sep else (base, None)
+
+
+def key_kind(stream: str, name: str) -> str:
+    return fields(stream)[key_field(name)[0]].kind
+
+
+def is_mapped(a: np.ndarray) -> np.ndarray:
+    """Which of (n, 16) addresses are IPv4-mapped."""
+    return (a[:, :10] == 0).all(axis=1) & (a[:, 10] == 0xFF) & (a[:, 11] == 0xFF)
+
+
+def mask_addresses(a: np.ndarray, bits: int) -> np.ndarray:
+    """(n, 16) addresses with all but their first ``bits`` bits cleared: of the IPv4 address
+    for IPv4-mapped ones (at most 32), of the IPv6 address for the others (at most 128)."""
+    out = a.copy()
+    mapped = is_mapped(a)
+    for length, rows in ((96 + min(bits, 32), mapped), (min(bits, 128), ~mapped)):
+        out[rows] &= np.frombuffer(prefix_mask(length).to_bytes(16, "big"), np.uint8)
+    return out

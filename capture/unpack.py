@@ -15,15 +15,25 @@ import numba as nb
 import numpy as np
 import pyarrow as pa
 
-from capture.fields import IP, NULL_INT, PACKET_INT_FIELDS, PACKET_INT_INDEX, STRING, TS, fields
+from capture.fields import (
+    IP,
+    NULL_INT,
+    PACKET_INT_FIELDS,
+    PACKET_INT_INDEX,
+    STRING,
+    TS,
+    fields,
+    key_field,
+    mask_addresses,
+)
 from capture.records import PREFETCH, touch_ahead
 
 _I = PACKET_INT_INDEX
 C_IFACE, C_CAPLEN, C_WIRELEN = _I["iface"], _I["caplen"], _I["wirelen"]
 C_ETH, C_VLAN, C_VLAN2, C_MPLS = _I["eth_type"], _I["vlan"], _I["vlan_inner"], _I["mpls_label"]
 C_IPV, C_PROTO, C_TTL, C_TOS = _I["ip_version"], _I["protocol"], _I["ttl"], _I["tos"]
-C_IPID, C_FOFF, C_MF, C_DF = _I["ip_id"], _I["frag_offset"], _I["more_fragments"], \
-    _I["dont_fragment"]
+C_IPID, C_FOFF, C_MF, C_DF, C_IPLEN = _I["ip_id"], _I["frag_offset"], _I["more_fragments"], \
+    _I["dont_fragment"], _I["ip_len"]
 C_SPORT, C_DPORT, C_TCPF = _I["src_port"], _I["dst_port"], _I["tcp_flags"]
 C_ICT, C_ICC = _I["icmp_type"], _I["icmp_code"]
 C_DID, C_DQR, C_DOP, C_DRC, C_DQD, C_DAN = _I["dns_id"], _I["dns_qr"], _I["dns_opcode"], \
@@ -262,6 +272,7 @@ def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_s
             proto = np.int32(buf[p + 9])
             foff = (ff & 0x1FFF) * 8
             _put(ints, want, C_IPV, i, 4)
+            _put(ints, want, C_IPLEN, i, tot)
             _put(ints, want, C_TOS, i, buf[p + 1])
             _put(ints, want, C_IPID, i, _be16(buf, p + 4))
             _put(ints, want, C_DF, i, (ff >> 14) & 1)
@@ -299,6 +310,7 @@ def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_s
                 for k in range(16):
                     dst[i, k] = buf[p + 24 + k]
             plen = _be16(buf, p + 4)
+            _put(ints, want, C_IPLEN, i, plen + 40)
             l4end = end
             if p + 40 + plen < end:
                 l4end = p + 40 + plen
@@ -372,6 +384,9 @@ class TupleBatch:
             return self.time
         if name in self.ips:
             return self.ips[name]
+        base, bits = key_field(name)
+        if bits is not None:  # an address prefix key (src_ip/24)
+            return mask_addresses(self.column(base), bits)
         if name in ("src_ip", "dst_ip"):  # not unpacked for this plan
             return np.zeros((len(self), 16), np.uint8)
         return self.ints[PACKET_INT_INDEX[name]]
@@ -382,6 +397,8 @@ class TupleBatch:
 
     def arrow(self, name: str) -> pa.Array:
         """One column as Arrow, with NULLs."""
+        if key_field(name)[1] is not None:
+            return ip_arrow(self.column(name), self.ip_valid())
         f = fields(self.stream)[name]
         if f.kind == STRING:  # not unpacked for this plan: NULL
             return self.strings.get(name, pa.nulls(len(self), pa.string()))

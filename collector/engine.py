@@ -81,7 +81,7 @@ def maintained_nodes(plan: Plan, stream: str, folder: str
     nodes: dict[tuple[str, ...], list[int]] = {}
     for qp in plan.queries:
         if qp.query.stream == stream and qp.query.folder == folder:
-            nodes.setdefault(tuple(sorted(qp.query.keys)), []).append(qp.slot)
+            nodes.setdefault(tuple(sorted(qp.query.node_keys)), []).append(qp.slot)
     return sorted(nodes.items())
 
 
@@ -199,7 +199,7 @@ class Engine:
                          {qp.slot: qp.query.name for qp in plan.queries
                           if qp.query.stream == self.stream},
                          tuple(sorted({k for qp in plan.queries if qp.query.stream == self.stream
-                                       and not qp.query.is_selection for k in qp.query.keys})),
+                                       and not qp.query.is_selection for k in qp.query.node_keys})),
                          tuple(qp.slot for qp in plan.queries if qp.query.stream == self.stream
                                and not qp.query.is_selection))
 

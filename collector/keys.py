@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from capture.fields import IP, STRING, fields
+from capture.fields import IP, STRING, fields, key_field
 from capture.unpack import ip_arrow
 
 
@@ -61,7 +61,7 @@ class KeyLayout:
         cat = fields(stream)
         self.stream = stream
         self.keys = tuple(sorted(keys))
-        self.kinds = [cat[k].kind for k in self.keys]
+        self.kinds = [cat[key_field(k)[0]].kind for k in self.keys]  # src_ip/24: an address
         strings = [k for k, kind in zip(self.keys, self.kinds, strict=True) if kind == STRING]
         if len(strings) > 1:
             raise ValueError(f"a node groups by at most one string field, not {strings}")

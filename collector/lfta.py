@@ -108,16 +108,17 @@ def merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, 
 
 @nb.njit(cache=True, nogil=True)
 def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, mask, time,
-                 period, ints, ips, ip_ok, kinds, meas, start):
+                 period, ints, ips, ip_ok, kinds, sums, mins, maxs, start):
     """Merge a batch's tuples ``start…`` into the table as partials of one, building each
     tuple's key on the fly (``NodeTable``'s layout: window start, the key fields in order —
     ``kinds[k]`` 0: the next row of ``ints``, 1: the next address of ``ips``/``ip_ok`` as
     validity and two big-endian halves — then the query-bit pattern ``Q[i] & mask``). Tuples
     whose pattern is empty are not the node's. Stops before a tuple that would make the table
     hold more than ``limit`` entries. Returns (next tuple, entries, tuples merged, earliest
-    window start merged)."""
+    window start merged). ``sums``, ``mins``, ``maxs``: each tuple's measures as a sum, min and
+    max contribute them (``measure_arrays``; measures × tuples)."""
     words = Q.shape[1]
-    meas_t = meas.T  # (tuples, measures): each tuple its own sum, min and max
+    sums_t, mins_t, maxs_t = sums.T, mins.T, maxs.T  # (tuples, measures)
     key = np.empty((1, t_keys.shape[1]), np.int64)
     merged = 0
     first = I64_MAX
@@ -151,7 +152,7 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
         for w in range(words):
             key[0, c + w] = np.int64(Q[i, w] & mask[w])
         got = _upsert(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, key, 0, 1,
-                      meas_t, meas_t, meas_t, i)
+                      sums_t, mins_t, maxs_t, i)
         if got < 0:
             return i, n_used, merged, first
         n_used = got
@@ -159,6 +160,16 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
         if ws < first:
             first = ws
     return Q.shape[0], n_used, merged, first
+
+
+def measure_arrays(meas: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tuples' measures as the sums, mins and maxs they contribute. A NULL measure (-1: the
+    ip_len of a frame without IP) adds 0 to a sum and is skipped by min (``I64_MAX``, read
+    back as NULL) and max (-1, NULL)."""
+    null = meas < 0
+    if not null.any():
+        return meas, meas, meas
+    return np.where(null, 0, meas), np.where(null, I64_MAX, meas), meas
 
 
 @dataclass
@@ -177,7 +188,7 @@ class Partials:
     @classmethod
     def of_tuples(cls, keys: np.ndarray, meas: np.ndarray) -> Partials:
         """Each tuple as a partial of one (cnt 1, sum = min = max = the measure)."""
-        return cls(keys, np.ones(len(keys), np.int64), meas, meas, meas)
+        return cls(keys, np.ones(len(keys), np.int64), *measure_arrays(meas))
 
     @classmethod
     def empty(cls, key_words: int, n_measures: int) -> Partials:
@@ -265,11 +276,12 @@ class PartialTable:
         had to be flushed because the table filled up, as ``merge`` does."""
         out: list[Partials] = []
         pos, n = 0, Q.shape[0]
+        sums, mins, maxs = measure_arrays(meas)
         while pos < n:
             pos, self.n_used, merged, first = merge_tuples(
                 self.t_keys, self.t_used, self.t_cnt, self.t_sum, self.t_min, self.t_max,
-                self.n_used, self.limit, Q, mask, time, period, ints, ips, ip_ok, kinds, meas,
-                pos)
+                self.n_used, self.limit, Q, mask, time, period, ints, ips, ip_ok, kinds, sums,
+                mins, maxs, pos)
             if merged:
                 if self._oldest_ns is None:
                     self._oldest_ns = now_ns

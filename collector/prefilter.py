@@ -19,7 +19,8 @@ from planner.asc import ASC, qrb_words, qub_words
 from planner.plan import Plan
 from planner.slots import n_words, set_bit_rows
 
-OPS = {"=": 0, "!=": 1, "<": 2, "<=": 3, ">": 4, ">=": 5, "in": 6, "between": 7, "prefix": 8}
+OPS = {"=": 0, "!=": 1, "<": 2, "<=": 3, ">": 4, ">=": 5, "in": 6, "between": 7, "prefix": 8,
+       "mask": 9}
 
 
 @dataclass
@@ -233,6 +234,10 @@ def _eval_atom_column(out, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v
         for i in range(n):
             x = ints[c, i]
             out[i] |= (((x >= v0) & (x <= v1)) ^ neg) & (x >= 0)
+    elif op == 9:  # bit test: (x & v0) == v1
+        for i in range(n):
+            x = ints[c, i]
+            out[i] |= (((x & v0) == v1) ^ neg) & (x >= 0)
     else:  # IN: v0 = first constant, v1 = count
         if v1 <= 16:
             for i in range(n):

@@ -121,8 +121,9 @@ def eval_atom(a: Atom, stream: str, tb: TupleBatch, rows: np.ndarray,
         "<=": lambda: x <= v[0], ">": lambda: x > v[0], ">=": lambda: x >= v[0],
         "in": lambda: np.isin(x, np.array(v, np.int64)),
         "between": lambda: (x >= v[0]) & (x <= v[1]),
+        "mask": lambda: (x & v[0]) == v[1],
     }[a.op]()
-    if a.op in ("in", "between"):
+    if a.op in ("in", "between", "mask"):
         hit = hit != a.negated
     return hit & valid
 

@@ -16,12 +16,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from capture.fields import IP, TS, fields, ip_text, measures
+from capture.fields import IP, TS, fields, ip_text, key_field, measures
 from collector.keys import KeyLayout, binary_buffers
 from collector.spool import qmask_words
 from planner.query import Query
 from planner.slots import has_slot, slots_of
 
+I64_MAX = np.iinfo(np.int64).max  # the min of no value (collector/lfta.py measure_arrays)
 CMP = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
        ">": operator.gt, ">=": operator.ge}
 
@@ -51,6 +52,14 @@ def _ip_strings(arr: pa.Array) -> pa.Array:
     return pa.array(out, pa.string())
 
 
+def _prefix_strings(arr: pa.Array, bits: int) -> pa.Array:
+    """Prefix keys as networks: ``a.b.c.0/24``, ``2001:db8::/64``."""
+    text = _ip_strings(arr)
+    v6 = pc.match_substring(text, ":")
+    return pc.if_else(v6, pc.binary_join_element_wise(text, f"/{min(bits, 128)}", ""),
+                      pc.binary_join_element_wise(text, f"/{min(bits, 32)}", ""))
+
+
 Resolve = Callable[[int], Query | None]
 
 
@@ -75,13 +84,13 @@ def query_partials(stream: str, merged: pa.Table, resolve: Resolve
             q = queries[slot]
             if q is None:
                 continue
-            missing = set(q.keys) - set(cols)
+            missing = set(q.node_keys) - set(cols)
             if missing:
                 raise ValueError(f"node {label} cannot answer {q.name}: it does not group by "
                                  f"{', '.join(sorted(missing))}")
             keep = pa.array(has_slot(pattern, slot))
             table = pa.table({"window_start": rows.column("window_start"),
-                              **{k: cols[k] for k in q.keys},
+                              **{k: cols[k] for k in q.node_keys},
                               **{m: rows.column(m) for m in meas}})
             parts.setdefault(slot, []).append(table.filter(keep))
     return [(queries[s], pa.concat_tables(ts)) for s, ts in sorted(parts.items())]
@@ -114,14 +123,24 @@ def finalize(query: Query, merged: pa.Table) -> pa.Table:
             cols[o.name] = pa.array(epoch // query.period, pa.int64())
         elif o.kind == "key":
             col = merged.column(o.field).combine_chunks()
-            cols[o.name] = _ip_strings(col) if cat[o.field].kind == IP else col
+            base, bits = key_field(o.field)
+            cols[o.name] = col if cat[base].kind != IP else \
+                _ip_strings(col) if bits is None else _prefix_strings(col, bits)
         elif o.func == "count":
             cols[o.name] = pa.array(cnt, pa.int64())
+        elif o.func == "count_distinct":
+            name = f"distinct_{o.field}"
+            cols[o.name] = pc.cast(merged.column(name), pa.int64()) \
+                if name in merged.column_names else pa.array([], pa.int64())  # no rows
         elif o.func == "avg":
             s = merged.column(f"sum_{o.field}").to_numpy(zero_copy_only=False)
             cols[o.name] = pa.array(s / np.maximum(cnt, 1), pa.float64())
-        else:
-            cols[o.name] = merged.column(f"{o.func}_{o.field}").combine_chunks()
+        else:  # sum, min, max; a min or max of NULL measures only (ip_len) is NULL
+            col = merged.column(f"{o.func}_{o.field}").combine_chunks()
+            if o.func in ("min", "max"):
+                v = col.to_numpy(zero_copy_only=False)
+                col = pa.array(v, col.type, mask=(v == I64_MAX) | (v < 0))
+            cols[o.name] = col
     cols["window_start"] = ws
     table = pa.table(cols)
     if query.having and table.num_rows:
@@ -134,7 +153,8 @@ def finalize(query: Query, merged: pa.Table) -> pa.Table:
 
 
 def merge_to_keys(query: Query, rows: pa.Table) -> pa.Table:
-    """Partial rows merged per (window_start, the query's keys), vectorised (pyarrow)."""
+    """Partial rows merged per (window_start, the query's keys), vectorised (pyarrow); the
+    distinct values of each ``count(DISTINCT f)`` field counted per group."""
     if not rows.num_rows:
         return rows
     keys = ["window_start", *query.keys]
@@ -143,9 +163,14 @@ def merge_to_keys(query: Query, rows: pa.Table) -> pa.Table:
         if f"sum_{m.name}" in rows.column_names:
             aggs += [(f"sum_{m.name}", "sum"), (f"min_{m.name}", "min"),
                      (f"max_{m.name}", "max")]
-    out = rows.select(keys + [c for c, _ in aggs]).group_by(keys, use_threads=False) \
-        .aggregate(aggs)
+    cols = [c for c, _ in aggs]
+    # count(DISTINCT f): the rows come from a node that also groups by f (one row per value and
+    # query-bit pattern), so the count is the number of distinct values of f (NULL not counted)
+    aggs += [(f, "count_distinct") for f in query.distinct]
+    out = rows.select(keys + cols + [f for f in query.distinct if f not in keys]) \
+        .group_by(keys, use_threads=False).aggregate(aggs)
     names = {f"{c}_{f}": c for c, f in aggs}
+    names.update({f"{f}_count_distinct": f"distinct_{f}" for f in query.distinct})
     return out.rename_columns([names.get(c, c) for c in out.column_names])
 
 

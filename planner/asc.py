@@ -92,9 +92,10 @@ class ASC:
 
 
 def single_attribute(p: Predicate) -> str | None:
-    """The one field of a predicate whose atoms all test the same field."""
+    """The one field of a predicate whose atoms all test the same field (None also for a bit
+    test: its true set is no few intervals, so it stays a prefilter bit beside an ASC)."""
     fs = p.fields
-    return fs[0] if len(fs) == 1 else None
+    return fs[0] if len(fs) == 1 and all(a.op != "mask" for a in p.atoms) else None
 
 
 def asc_attributes(predicates: list[Predicate], min_constants: int = 3) -> set[str]:

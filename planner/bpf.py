@@ -46,7 +46,7 @@ def _range(op: str, values: tuple) -> tuple[int, int] | None:
 def atom_bpf(atom: Atom) -> str | None:
     """The atom in libpcap syntax, or None when BPF cannot state it exactly or wider."""
     f, op, vals = atom.field, atom.op, atom.values
-    if atom.negated or op in ("regexp", "table", "call", "!="):
+    if (atom.negated and op != "mask") or op in ("regexp", "table", "call", "!="):
         return None
     if op == "in":
         parts = [atom_bpf(Atom(f, "=", (v,))) for v in vals]
@@ -72,8 +72,11 @@ def atom_bpf(atom: Atom) -> str | None:
     if f in _BYTES and op in _CMP:
         v4, v6 = _BYTES[f]
         return f"((ip and {v4} {_CMP[op]} {vals[0]}) or (ip6 and {v6} {_CMP[op]} {vals[0]}))"
-    if f == "tcp_flags" and op in _CMP:
-        return f"(tcp and tcp[13] {_CMP[op]} {vals[0]})"
+    if f == "tcp_flags" and (op in _CMP or op == "mask"):
+        # libpcap's tcp[] reads IPv4 only: IPv6 TCP (no extension header) at ip6[40 + 13]
+        test = f"& {vals[0]} {'!=' if atom.negated else '='} {vals[1]}" if op == "mask" \
+            else f"{_CMP[op]} {vals[0]}"
+        return f"((tcp and tcp[13] {test}) or (ip6[6] = 6 and ip6[53] {test}))"
     if f in ("icmp_type", "icmp_code") and op in _CMP:
         k = 0 if f == "icmp_type" else 1
         return f"((icmp and icmp[{k}] {_CMP[op]} {vals[0]}) or ip6 proto 58)"

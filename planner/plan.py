@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from capture.fields import IP, STRING, fields
+from capture.fields import IP, STRING, fields, key_field, key_kind
 from planner.aggtree import ROOT, AggNode, AggTree, edge_cost, naive_tree, randomized
 from planner.asc import ASC, add_candidate_arrows, asc_attributes, build_asc, single_attribute
 from planner.bpf import bpf_expression
@@ -98,12 +98,12 @@ class FolderTree:
         only where the period is at most Spark's watermark delay: Spark's watermark follows the
         newest window start it read, so a row of the next window read early would make the
         partials other nodes and probes still hold for this one late."""
-        cat = fields(self.stream)
         if self.period > options.watermark_delay_s:
             options = replace(options, passthrough=False, age_fraction=1.0)
         self.charts = {(keys, slots): Chart.build(self.models[m], options)
                        for m, keys, slots in self._maintained()
-                       if m in self.models and not any(cat[k].kind == STRING for k in keys)}
+                       if m in self.models and not any(key_kind(self.stream, k) == STRING
+                                                       for k in keys)}
 
     def to_json(self) -> dict:
         t = self.tree
@@ -192,9 +192,9 @@ class Plan:
             q = qp.query
             if q.stream != stream:
                 continue
-            out.update(q.keys)
+            out.update(key_field(k)[0] for k in q.node_keys)  # src_ip/24 reads src_ip
             out.update(q.measures)
-            out.update(o.field for o in q.outputs if o.field)
+            out.update(key_field(o.field)[0] for o in q.outputs if o.field)
             for p in q.predicates:
                 out.update(p.fields)
         return out
@@ -409,17 +409,16 @@ def aggregate_trees(qplans: list[QueryPlan], infos: list[PredicateInfo],
         if not qp.query.is_selection:
             folders.setdefault((qp.query.stream, qp.query.folder), []).append(qp)
     for (stream, folder), qps in sorted(folders.items()):
-        cat = fields(stream)
         share = {}
         for qp in qps:
             sel = [infos[p].selectivity for p in qp.predicates]
             share[qp.slot] = float(np.prod([x for x in sel if x is not None])) if sel else 1.0
         sizes = NodeSizes(stream, qps[0].query.period, samples.get(stream), share)
 
-        def hash_cost(v: AggNode, cat=cat) -> float:
-            return 1.0 + (sum(3 if cat[k].kind == IP else 1 for k in v.keys) + words) / 4
+        def hash_cost(v: AggNode, stream=stream) -> float:
+            return 1.0 + (sum(3 if key_kind(stream, k) == IP else 1 for k in v.keys) + words) / 4
 
-        terminals = {qp.slot: AggNode(frozenset(qp.query.keys), frozenset({qp.slot}))
+        terminals = {qp.slot: AggNode(frozenset(qp.query.node_keys), frozenset({qp.slot}))
                      for qp in qps}
         if search and len(terminals) > MAX_TREE_TERMINALS:
             by_keys: dict[frozenset, set[int]] = {}

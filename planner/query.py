@@ -47,12 +47,13 @@ class QueryError(ValueError):
 class Atom:
     """One comparison of a field with constants.
 
-    ``op`` is one of = != < <= > >= in between prefix regexp table call. ``values`` holds ints,
-    strings, for ``prefix`` the network as (16-byte integer, prefix length over 128 bits), for
+    ``op`` is one of = != < <= > >= in between prefix mask regexp table call. ``values`` holds
+    ints, strings, for ``mask`` the bit test ``(field & m) = v`` as (m, v), for ``prefix`` the
+    network as (16-byte integer, prefix length over 128 bits), for
     ``table`` the name of a configured prefix table (collector/tables.py), for ``call`` a user
     predicate's name and its constant arguments (collector/functions.py).
-    ``negated`` applies to in, between, prefix, regexp, table and call (the others fold NOT
-    into ``op``).
+    ``negated`` applies to in, between, prefix, mask, regexp, table and call (the others fold
+    NOT into ``op``).
     """
 
     field: str
@@ -72,6 +73,8 @@ class Atom:
             return ((v & mask) == c[0]) != self.negated
         if self.op == "in":
             return (v in c) != self.negated
+        if self.op == "mask":
+            return ((v & c[0]) == c[1]) != self.negated
         if self.op == "between":
             return (c[0] <= v <= c[1]) != self.negated
         return {"=": v == c[0], "!=": v != c[0], "<": v < c[0], "<=": v <= c[0],
@@ -82,7 +85,7 @@ class Atom:
         if self.op == "prefix":
             value, length = self.values
             return [value, value | ((1 << (128 - length)) - 1)]
-        if self.op in RESIDUAL_OPS:
+        if self.op in (*RESIDUAL_OPS, "mask"):  # a bit test is no set of intervals: bits only
             return []
         return list(self.values)
 
@@ -96,6 +99,9 @@ class Atom:
         not_ = "NOT " if self.negated else ""
         if self.op == "prefix":
             return f"{not_}in_prefix({self.field}, '{format_prefix(*self.values)}')"
+        if self.op == "mask":
+            return f"({self.field} & {self.values[0]}) {'!=' if self.negated else '='} " \
+                f"{self.values[1]}"
         if self.op == "regexp":
             return f"{not_}regexp({self.field}, {_lit(self.values[0])})"
         if self.op == "table":
@@ -157,7 +163,7 @@ class Output:
     name: str
     kind: str  # "bucket", "key", "agg"
     field: str | None = None  # key field or aggregated measure (None for count(*))
-    func: str | None = None  # count, sum, min, max, avg
+    func: str | None = None  # count, sum, min, max, avg, count_distinct
 
 
 @dataclass(frozen=True)
@@ -195,7 +201,20 @@ class Query:
 
     @property
     def measures(self) -> tuple[str, ...]:
-        return tuple(sorted({o.field for o in self.outputs if o.kind == "agg" and o.field}))
+        return tuple(sorted({o.field for o in self.outputs if o.kind == "agg" and o.field
+                             and o.func != "count_distinct"}))
+
+    @property
+    def distinct(self) -> tuple[str, ...]:
+        """Fields counted by ``count(DISTINCT f)``, in output order."""
+        return tuple(dict.fromkeys(o.field for o in self.outputs if o.func == "count_distinct"))
+
+    @property
+    def node_keys(self) -> tuple[str, ...]:
+        """What the query's aggregate-tree node groups by: its keys, then the fields it counts
+        distinct values of (an exact distinct count is derived from that finer node: the
+        number of its groups per key)."""
+        return tuple(dict.fromkeys((*self.keys, *self.distinct)))
 
 
 def _lit(v) -> str:
@@ -416,9 +435,7 @@ class _Builder:
                     raise self.err("GROUP BY has more than one time bucket", g)
                 period = n
                 continue
-            f = self.field_name(g)
-            if not self.cat[f].groupable:
-                raise self.err(f"field {f!r} cannot be grouped by", g)
+            f = self.group_key(g)
             if f not in keys:
                 keys.append(f)
         if period is None:
@@ -437,10 +454,16 @@ class _Builder:
                 func, f = self.agg(node)
                 outputs.append(Output(label, "agg", f, func))
             else:
-                f = self.field_name(node)
+                f = self.group_key(node)
                 if f not in keys:
-                    raise self.err(f"{f!r} must appear in GROUP BY or in an aggregate", node)
-                outputs.append(Output(alias or f, "key", f))
+                    shown = f if "/" not in f else label
+                    raise self.err(f"{shown!r} must appear in GROUP BY or in an aggregate", node)
+                outputs.append(Output(alias or (f if "/" not in f else label), "key", f))
+        for o in outputs:
+            if o.func == "avg" and o.field == "ip_len" and not _ip_only(preds, self.cat):
+                raise self.err("avg(ip_len) needs a WHERE that admits IP packets only (e.g. "
+                               "ip_version IN (4, 6) or a protocol test): a frame without IP "
+                               "has no ip_len", st)
         names = [o.name for o in outputs]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -456,6 +479,27 @@ class _Builder:
         return Query(self.name, self.stream, self.text, tuple(outputs), preds, period,
                      tuple(keys), having, order, limit)
 
+    def group_key(self, node: exp.Expression) -> str:
+        """A groupable field, or ``prefix(address field, bits)`` as the key ``field/bits``."""
+        if isinstance(node, exp.Anonymous) and node.name.lower() == "prefix":
+            args = node.expressions
+            if len(args) != 2:
+                raise self.err("prefix() takes an address field and a prefix length, e.g. "
+                               "prefix(src_ip, 24)", node)
+            f = self.field_name(args[0])
+            if self.cat[f].kind != IP:
+                raise self.err(f"prefix() needs an address field, not {f}", args[0])
+            n = _number(args[1])
+            if n is None or n != int(n) or not 1 <= n <= 128:
+                raise self.err("a prefix length is a whole number from 1 to 128 (bits of the "
+                               "address's own family: prefix(src_ip, 24) cuts IPv4 to /24, "
+                               "IPv6 to /24)", args[1])
+            return f"{f}/{int(n)}"
+        f = self.field_name(node)
+        if not self.cat[f].groupable:
+            raise self.err(f"field {f!r} cannot be grouped by", node)
+        return f
+
     def agg(self, node: exp.AggFunc) -> tuple[str, str | None]:
         func = node.key.lower()
         if func not in AGG_FUNCS:
@@ -465,7 +509,14 @@ class _Builder:
         if func == "count":
             if isinstance(arg, exp.Star):
                 return "count", None
-            raise self.err("only count(*) is supported", node)
+            if isinstance(arg, exp.Distinct) and len(arg.expressions) == 1:
+                f = self.field_name(arg.expressions[0])
+                if not self.cat[f].groupable:
+                    raise self.err(f"count(DISTINCT {f}) needs a field that can be grouped by",
+                                   arg.expressions[0])
+                return "count_distinct", f
+            raise self.err("count takes * or DISTINCT and one field: count(*), "
+                           "count(DISTINCT dst_ip)", node)
         f = self.field_name(arg)
         if not self.cat[f].measure:
             allowed = ", ".join(m for m, v in self.cat.items() if v.measure)
@@ -552,6 +603,10 @@ class _Builder:
         op = CMP_NODES.get(type(node))
         if op is not None:
             left, right = node.this, node.expression
+            if isinstance(_unparen(right), exp.BitwiseAnd):
+                left, right, op = right, left, FLIP[op]
+            if isinstance(_unparen(left), exp.BitwiseAnd):
+                return self.bit_test(_unparen(left), op, right, negated)
             if not isinstance(left, exp.Column) and isinstance(right, exp.Column):
                 left, right, op = right, left, FLIP[op]
             f = self.field_name(left)
@@ -628,6 +683,33 @@ class _Builder:
                            "user predicate on a field)", node)
         raise self.err(f"not a base predicate: {node.sql()!r}", node)
 
+    def bit_test(self, band: exp.BitwiseAnd, op: str, right, negated: bool) -> Atom:
+        """``(field & m) = v`` or ``!= v``: a cheap fixed-offset test of some of a field's bits.
+        A one-bit mask is written canonically as ``= m`` or ``= 0`` so equal tests are shared."""
+        col, lit = band.this, band.expression
+        if isinstance(_unparen(col), exp.Literal):
+            col, lit = lit, col
+        f = self.field_name(_unparen(col))
+        if self.cat[f].kind not in (INT32, INT64):
+            raise self.err(f"a bit test needs an integer field, not {f}", band)
+        m, v = _number(_unparen(lit)), _number(right)
+        if m is None or m != int(m) or not 0 < m < 2**63:
+            raise self.err("a bit test masks with a positive whole number, e.g. "
+                           "(tcp_flags & 18) = 18", lit)
+        if v is None or v != int(v) or v < 0:
+            raise self.err("a bit test compares with a whole number, e.g. (tcp_flags & 18) = 18",
+                           right)
+        if op not in ("=", "!="):
+            raise self.err(f"a bit test compares with = or !=, not {op}", band)
+        m, v = int(m), int(v)
+        if v & ~m:
+            raise self.err(f"({f} & {m}) = {v} never holds: {v} has bits outside the mask {m}",
+                           band)
+        neg = (op == "!=") != negated
+        if m & (m - 1) == 0 and neg:  # one bit: (f & 4) != 0 is (f & 4) = 4
+            v, neg = m - v, False
+        return Atom(f, "mask", (m, v), neg)
+
     def ip_literal(self, node) -> str:
         if not (isinstance(node, exp.Literal) and node.is_string):
             raise self.err("an address is written as a quoted string, e.g. '10.0.0.1'", node)
@@ -664,6 +746,21 @@ def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
         else:
             out.append(n)
     return out
+
+
+IP_LAYERS = ("ip", "l4", "dns", "dns_name")  # catalogue groups NULL on a frame without IP
+
+
+def _ip_only(preds: tuple[Predicate, ...], cat) -> bool:
+    """Whether a WHERE admits IP packets only: some base predicate tests IP-layer fields only
+    (a test of NULL is false, negated or not)."""
+    return any(all(cat[a.field].group in IP_LAYERS for a in p.atoms) for p in preds)
+
+
+def _unparen(node):
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
 
 
 def _number(node) -> float | None:

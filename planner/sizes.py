@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import datasketches
 import numpy as np
 
-from capture.fields import IP, STRING, fields
+from capture.fields import IP, STRING, key_kind
 from planner.aggtree import AggNode
 from planner.slots import n_words, slot_mask
 
@@ -137,10 +137,10 @@ class NodeSizes:
         return Q & mask[:Q.shape[1]]
 
     def _guess(self, v: AggNode) -> float:
-        cat = fields(self.stream)
         groups = 1.0
         for k in v.keys:
-            groups *= CARDINALITY.get(k, KIND_CARDINALITY.get(cat[k].kind, DEFAULT_CARDINALITY))
+            groups *= CARDINALITY.get(k, KIND_CARDINALITY.get(key_kind(self.stream, k),
+                                                              DEFAULT_CARDINALITY))
         return max(1.0, min(groups * (1 + len(v.slots) / 8), self.tuples_of(v)))
 
     def _measure(self, v: AggNode) -> float:

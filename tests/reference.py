@@ -72,7 +72,7 @@ def link(buf: bytes, linktype: int):
 
 FIELDS = ("time", "caplen", "eth_type", "vlan", "vlan_inner", "mpls_label", "ip_version",
           "src_ip", "dst_ip", "protocol", "ttl", "tos", "ip_id", "frag_offset", "more_fragments",
-          "dont_fragment", "src_port", "dst_port", "tcp_flags", "icmp_type", "icmp_code",
+          "dont_fragment", "ip_len", "src_port", "dst_port", "tcp_flags", "icmp_type", "icmp_code",
           "dns_id", "dns_qr", "dns_opcode", "dns_rcode", "dns_qdcount", "dns_ancount",
           "dns_qname")
 
@@ -91,7 +91,8 @@ def fields_of(ts: float, buf: bytes, linktype: int) -> dict:
         # dpkt's IP.offset counts 8-byte units; DESIGN's frag_offset is in bytes
         out.update(ip_version=4, src_ip=ip_text(net.src), dst_ip=ip_text(net.dst),
                    protocol=net.p, ttl=net.ttl, tos=net.tos, ip_id=net.id,
-                   frag_offset=net.offset * 8, more_fragments=net.mf, dont_fragment=net.df)
+                   frag_offset=net.offset * 8, more_fragments=net.mf, dont_fragment=net.df,
+                   ip_len=net.len)
         first = net.offset == 0
         l4 = net.data if first else None
         if first and isinstance(l4, bytes) and net.p in (6, 17):
@@ -105,7 +106,7 @@ def fields_of(ts: float, buf: bytes, linktype: int) -> dict:
         out.update(ip_version=6, src_ip=ip_text(net.src), dst_ip=ip_text(net.dst),
                    protocol=net.p, ttl=net.hlim, tos=(net.fc if hasattr(net, "fc") else
                                                        (net._v_fc_flow >> 20) & 0xFF),
-                   frag_offset=0, more_fragments=0, dont_fragment=0)
+                   frag_offset=0, more_fragments=0, dont_fragment=0, ip_len=net.plen + 40)
         frag = net.extension_hdrs.get(dpkt.ip.IP_PROTO_FRAGMENT) if hasattr(
             net, "extension_hdrs") else None
         if frag is not None:

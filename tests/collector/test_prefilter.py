@@ -53,6 +53,14 @@ ATOMS = [
     ("regexp(dns_qname, 'wiki')", lambda p: p["dns_qname"] is not None
      and re.search("wiki", p["dns_qname"]) is not None),
     ("dns_qname = 'www.google.co.il'", lambda p: p["dns_qname"] == "www.google.co.il"),
+    ("(tcp_flags & 18) = 18", lambda p: p["tcp_flags"] is not None
+     and p["tcp_flags"] & 18 == 18),
+    ("tcp_flags & 4 != 0", lambda p: p["tcp_flags"] is not None and p["tcp_flags"] & 4 != 0),
+    ("(tcp_flags & 18) = 2", lambda p: p["tcp_flags"] is not None and p["tcp_flags"] & 18 == 2),
+    ("NOT (tcp_flags & 17) = 0", lambda p: p["tcp_flags"] is not None
+     and p["tcp_flags"] & 17 != 0),
+    ("tcp_flags = 16", lambda p: p["tcp_flags"] == 16),
+    ("(ttl & 1) = 0", lambda p: p["ttl"] is not None and p["ttl"] & 1 == 0),
 ]
 
 

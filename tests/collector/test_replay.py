@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import ipaddress
 import json
 import subprocess
 import sys
@@ -218,3 +219,87 @@ def test_replay_flows_group_by_equals_nfdump_aggregation(export, spark, tmp_path
     assert len({r["d"] for r in rows}) == 1
     assert {(r["src_ip"], r["dst_ip"]): (r["flows"], r["pkts"], r["bytes"]) for r in rows} == want
     assert want
+
+
+def test_replay_distinct_counts_and_bit_tests(spark, tmp_path):
+    """count(DISTINCT f) (derived from the node that also groups by f) with HAVING and ORDER BY
+    on it, and TCP flag bit tests, through replay over 4 ten-second windows of a capture of
+    many services, against a pure-Python evaluation of the dpkt-decoded packets."""
+    path = capture("var-services-std-ports.pcap")
+    queries = parse_queries("""
+-- name: fanout
+SELECT time/10 AS t, src_ip, count(DISTINCT dst_ip) AS dsts, count(DISTINCT dst_port) AS ports,
+       count(*) AS n, sum(wirelen) AS bytes
+FROM packets WHERE protocol = 17 OR protocol = 6 GROUP BY time/10, src_ip;
+-- name: fanin
+SELECT time/10 AS t, dst_ip, count(DISTINCT src_ip) AS srcs FROM packets
+WHERE dst_port < 1024 GROUP BY time/10, dst_ip HAVING count(DISTINCT src_ip) >= 2;
+-- name: syn_ports
+SELECT time/10 AS t, dst_ip, count(DISTINCT dst_port) AS ports FROM packets
+WHERE (tcp_flags & 18) = 2 GROUP BY time/10, dst_ip ORDER BY ports DESC LIMIT 2;
+-- name: acks
+SELECT time/10 AS t, count(*) AS n, count(DISTINCT src_port) AS sports FROM packets
+WHERE tcp_flags & 16 != 0 AND (tcp_flags & 5) = 0 GROUP BY time/10;
+-- name: nets
+SELECT time/10 AS t, prefix(dst_ip, 24) AS net, count(DISTINCT src_ip) AS srcs, count(*) AS n
+FROM packets WHERE protocol = 17 GROUP BY time/10, prefix(dst_ip, 24);
+-- name: lens
+SELECT time/10 AS t, sum(ip_len) AS ipb, min(ip_len) AS lo, max(ip_len) AS hi, count(*) AS n
+FROM packets GROUP BY time/10;
+-- name: by_len
+SELECT time/10 AS t, ip_len, count(DISTINCT src_ip) AS srcs, avg(ip_len) AS mean FROM packets
+WHERE protocol = 6 GROUP BY time/10, ip_len
+""")
+    res = replay(path, queries, tmp_path, spark)
+    assert res.error is None
+    got = {q.name: rows_of(q, t) for q, t in res.answers}
+    pkts = packets(path)
+    wirelens = [meta.wirelen for _, meta in RawPcapReader(str(path))]
+
+    def groups(where, key):
+        out = defaultdict(list)
+        for p, wl in zip(pkts, wirelens, strict=True):
+            if where(p):
+                out[(p["time"] // 10, *(p[k] for k in key))].append((p, wl))
+        return out
+
+    def distinct(rows, f):
+        return len({p[f] for p, _ in rows if p[f] is not None})
+
+    flags = [p["tcp_flags"] for p in pkts]
+    fanout = groups(lambda p: p["protocol"] in (6, 17), ["src_ip"])
+    assert {(r["t"], r["src_ip"]): (r["dsts"], r["ports"], r["n"], r["bytes"])
+            for r in got["fanout"]} == \
+        {k: (distinct(v, "dst_ip"), distinct(v, "dst_port"), len(v), sum(w for _, w in v))
+         for k, v in fanout.items()}
+    assert len({k[0] for k in fanout}) >= 4, "several windows"
+    fanin = groups(lambda p: p["dst_port"] is not None and p["dst_port"] < 1024, ["dst_ip"])
+    want = {k: distinct(v, "src_ip") for k, v in fanin.items() if distinct(v, "src_ip") >= 2}
+    assert want and {(r["t"], r["dst_ip"]): r["srcs"] for r in got["fanin"]} == want
+    syn = groups(lambda p: p["tcp_flags"] is not None and p["tcp_flags"] & 18 == 2, ["dst_ip"])
+    assert syn, "SYNs in the capture"
+    for t in {k[0] for k in syn}:
+        ranked = sorted((distinct(v, "dst_port") for k, v in syn.items() if k[0] == t),
+                        reverse=True)[:2]
+        assert [r["ports"] for r in got["syn_ports"] if r["t"] == t] == ranked
+    acks = groups(lambda p: p["tcp_flags"] is not None and p["tcp_flags"] & 16
+                  and not p["tcp_flags"] & 5, [])
+    assert {r["t"]: (r["n"], r["sports"]) for r in got["acks"]} == \
+        {k[0]: (len(v), distinct(v, "src_port")) for k, v in acks.items()}
+    assert any(f is not None and f & 16 and f & 5 for f in flags), "the bit test excludes some"
+    for p in pkts:
+        if p["dst_ip"] is not None:
+            p["net"] = str(ipaddress.ip_network(f"{p['dst_ip']}/24", strict=False))
+    nets = groups(lambda p: p["protocol"] == 17, ["net"])
+    assert any(":" in k[1] for k in nets) and any("." in k[1] for k in nets), "IPv4 and IPv6"
+    assert {(r["t"], r["net"]): (r["srcs"], r["n"]) for r in got["nets"]} == \
+        {k: (distinct(v, "src_ip"), len(v)) for k, v in nets.items()}
+    # ip_len (dpkt's IP length field): NULL on frames without IP, which sum, min and max skip
+    lens = groups(lambda p: True, [])
+    assert any(p["ip_len"] is None for p in pkts), "frames without IP (ARP)"
+    assert {r["t"]: (r["ipb"], r["lo"], r["hi"], r["n"]) for r in got["lens"]} == {
+        k[0]: (sum(ls), min(ls), max(ls), len(v)) for k, v in lens.items()
+        for ls in [[p["ip_len"] for p, _ in v if p["ip_len"] is not None]]}
+    by_len = groups(lambda p: p["protocol"] == 6, ["ip_len"])
+    assert {(r["t"], r["ip_len"]): (r["srcs"], r["mean"]) for r in got["by_len"]} == \
+        {k: (distinct(v, "src_ip"), k[1]) for k, v in by_len.items()}

@@ -44,6 +44,10 @@ def test_names_default_in_order_and_semicolons_in_strings():
     ("dst_port BETWEEN 10 AND 1", "dst_port BETWEEN 1 AND 10"),
     ("src_ip = '10.0.0.1'", "in_prefix(src_ip, '10.0.0.1/32')"),
     ("in_prefix(src_ip, '10.1.2.3/8')", "in_prefix(src_ip, '10.0.0.0/8')"),
+    ("tcp_flags & 4 != 0", "(tcp_flags & 4) = 4"),
+    ("18 = (18 & tcp_flags)", "(tcp_flags & 18) = 18"),
+    ("NOT (tcp_flags & 18) = 2", "(tcp_flags & 18) != 2"),
+    ("(tcp_flags & 1) != 1", "(tcp_flags & 1) = 0"),
 ])
 def test_normalised_predicates_are_one(a, b):
     """Equal predicates written differently are one base predicate (shared in the prefilter)."""
@@ -61,6 +65,18 @@ def test_normalised_predicates_are_one(a, b):
     ("SELECT time/60, src_ip, count(*) FROM packets GROUP BY time/60", 1, 17,
      "must appear in GROUP BY"),
     ("SELECT ts FROM packets WHERE regexp(dns_qname, '(')", 1, 48, "bad regular expression"),
+    ("SELECT ts FROM packets WHERE (tcp_flags & 18) = 1", 1, 31, "never holds"),
+    ("SELECT ts FROM packets WHERE tcp_flags & 18 > 2", 1, 30, "with = or !="),
+    ("SELECT ts FROM packets WHERE (src_ip & 18) = 2", 1, 31, "integer field"),
+    ("SELECT ts FROM packets\nWHERE (tcp_flags & -2) = 0", 2, 21, "positive whole number"),
+    ("SELECT time/60, avg(ip_len) FROM packets WHERE dst_port = 53 OR vlan = 3 "
+     "GROUP BY time/60", 1, 17, "IP packets only"),
+    ("SELECT time/60, count(DISTINCT wirelen) FROM packets GROUP BY time/60", 1, 32,
+     "can be grouped by"),
+    ("SELECT time/60, prefix(src_ip, 0) FROM packets GROUP BY time/60, prefix(src_ip, 0)", 1,
+     81, "prefix length"),
+    ("SELECT time/60, prefix(src_ip, 24) FROM packets GROUP BY time/60, prefix(src_ip, 16)",
+     1, 17, "must appear in GROUP BY"),
 ])
 def test_errors_name_line_and_column(sql, line, col, reason):
     with pytest.raises(QueryError) as e:
