@@ -39,10 +39,12 @@ def queries_path(spool_root: Path) -> Path:
 
 
 def publish_queries(spool_root: Path, version: int, entries: list[tuple[Query, int]],
-                    paused: set[str]) -> None:
+                    paused: set[str], part_slots: dict[str, int] | None = None) -> None:
+    parts = part_slots or {}
     write_json(queries_path(spool_root), {
         "version": version,
-        "queries": [{"name": q.name, "sql": q.text, "slot": slot, "enabled": q.name not in paused}
+        "queries": [{"name": q.name, "sql": q.text, "slot": slot, "enabled": q.name not in paused,
+                     "parts": {p.name: parts[p.name] for p in q.parts[1:] if q.join is not None}}
                     for q, slot in entries]}, durable=False)  # rewritten at every rebuild
 
 
@@ -114,17 +116,21 @@ class PublishedRegistry:
             data = json.loads(self.path.read_text())
             queries = [(parse_query(e["sql"], e["name"]), int(e["slot"]), bool(e["enabled"]))
                        for e in data["queries"]]
+            parts = {p: int(s) for e in data["queries"] for p, s in e.get("parts", {}).items()}
             version = int(data["version"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.error("%s unreadable (%s): the plan stays as it is", self.path, e)
             return False
         self._seen = (st.st_mtime_ns, st.st_size)
         changed = version != self._data["version"]
-        self._data = {"version": version, "queries": queries}
+        self._data = {"version": version, "queries": queries, "parts": parts}
         return changed
 
     def entries(self) -> list[tuple[Query, int]]:
         return [(q, slot) for q, slot, _ in self._data["queries"]]
+
+    def part_slots(self) -> dict[str, int]:
+        return dict(self._data.get("parts", {}))
 
     def disabled(self) -> set[str]:
         return {q.name for q, _, enabled in self._data["queries"] if not enabled}
@@ -139,7 +145,7 @@ class PublishedRegistry:
         raise ProbeOnly(f"this daemon is a capture probe (role: capture): queries are "
                         f"registered at the control plane that writes {self.path}")
 
-    add = remove = set_enabled = freed_by = release = _refuse
+    add = remove = set_enabled = freed_by = release = slots_of = _refuse
 
     def close(self) -> None:
         pass

@@ -105,7 +105,7 @@ def names() -> list[str]:
 
 def check(q: Query) -> None:
     """Every user predicate ``q`` calls is known; else a QueryError at the call."""
-    for p in q.predicates:
+    for p in (p for part in q.parts for p in part.predicates):  # a join: its parts'
         for a in p.atoms:
             if a.op == "call" and a.values[0] not in _funcs:
                 line, col = _position(q.text, a.values[0])

@@ -20,7 +20,20 @@ CREATE TABLE IF NOT EXISTS queries (
     created_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS freed_slots (slot INTEGER PRIMARY KEY, freed_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS part_slots (query TEXT NOT NULL, part TEXT PRIMARY KEY,
+    slot INTEGER NOT NULL UNIQUE);
 """
+
+
+def planned(entries: list[tuple[Query, int]], part_slots: dict[str, int]
+            ) -> list[tuple[Query, int]]:
+    """The queries the planner plans, with their slots: a joined query's WITH parts, the
+    first holding the query's own slot, the others theirs in ``part_slots``."""
+    out = []
+    for q, slot in entries:
+        for i, p in enumerate(q.parts):
+            out.append((p, slot if i == 0 or q.join is None else part_slots[p.name]))
+    return out
 
 
 class QueryExists(ValueError):
@@ -50,7 +63,8 @@ class Registry:
             self._db.close()
 
     def _free_slot(self) -> int:
-        used = {r[0] for r in self._db.execute("SELECT slot FROM queries")}
+        used = {r[0] for r in self._db.execute("SELECT slot FROM queries UNION "
+                                               "SELECT slot FROM part_slots")}
         held = {r[0] for r in self._db.execute("SELECT slot FROM freed_slots")}
         slot = 0
         while slot in used or slot in held:
@@ -86,17 +100,36 @@ class Registry:
             slot = self._free_slot()
             self._db.execute("INSERT INTO queries (name, text, slot, created_at) "
                              "VALUES (?, ?, ?, ?)", (q.name, q.text, slot, time.time()))
+            for p in q.parts[1:] if q.join is not None else ():  # a slot per WITH part
+                self._db.execute("INSERT INTO part_slots (query, part, slot) VALUES (?, ?, ?)",
+                                 (q.name, p.name, self._free_slot()))
             self._db.commit()
         return q
+
+    def slots_of(self, name: str) -> list[int]:
+        """Every slot a query holds (a joined query: one per WITH part)."""
+        with self._lock:
+            return [r[0] for r in self._db.execute(
+                "SELECT slot FROM queries WHERE name = ? UNION SELECT slot FROM part_slots "
+                "WHERE query = ? ORDER BY 1", (name, name))]
+
+    def part_slots(self) -> dict[str, int]:
+        """The slots of joined queries' WITH parts after the first, by part name."""
+        with self._lock:
+            return dict(self._db.execute("SELECT part, slot FROM part_slots"))
 
     def remove(self, name: str) -> bool:
         with self._lock:
             row = self._db.execute("SELECT slot FROM queries WHERE name = ?", (name,)).fetchone()
             if row is None:
                 return False
+            slots = [row[0], *(r[0] for r in self._db.execute(
+                "SELECT slot FROM part_slots WHERE query = ?", (name,)))]
             self._db.execute("DELETE FROM queries WHERE name = ?", (name,))
-            self._db.execute("INSERT OR REPLACE INTO freed_slots (slot, freed_at, plan_version) "
-                             "VALUES (?, ?, NULL)", (row[0], time.time()))
+            self._db.execute("DELETE FROM part_slots WHERE query = ?", (name,))
+            for slot in slots:
+                self._db.execute("INSERT OR REPLACE INTO freed_slots (slot, freed_at, "
+                                 "plan_version) VALUES (?, ?, NULL)", (slot, time.time()))
             self._db.commit()
             return True
 

@@ -159,5 +159,5 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
         job.run_batch(folders)
     else:  # the Python data source reads Arrow IPC as a stream
         job.run_available_now(folders)
-    answers = [(qp.query, read_results(work / "results", qp.query)) for qp in plan.queries]
+    answers = [(q, read_results(work / "results", q)) for q in queries]
     return ReplayResult(plan, answers, error, engine, job.timings)

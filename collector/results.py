@@ -15,10 +15,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from sqlglot import exp
 
 from capture.fields import IP, TS, fields, ip_text, key_field, measures
 from collector.keys import KeyLayout, binary_buffers
-from collector.spool import qmask_words
+from collector.spool import TS_US, qmask_words
 from planner.query import Query
 from planner.slots import has_slot, slots_of
 
@@ -150,6 +151,92 @@ def finalize(query: Query, merged: pa.Table) -> pa.Table:
             keep &= CMP[cond.op](v, cond.value)
         table = table.filter(pa.array(keep))
     return order_rows(query, table)
+
+
+_ARITH = {exp.Add: pc.add, exp.Sub: pc.subtract, exp.Mul: pc.multiply}
+_CMP_PC = {exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.LT: pc.less, exp.LTE: pc.less_equal,
+           exp.GT: pc.greater, exp.GTE: pc.greater_equal}
+
+
+def _compute(node: exp.Expression, table: pa.Table):
+    """A joined query's expression (checked by the parser) over the joined table, whose
+    columns are named ``alias.column``; SQL's NULL rules (Arrow's)."""
+    if isinstance(node, exp.Paren):
+        return _compute(node.this, table)
+    if isinstance(node, exp.Column):
+        return table.column(f"{node.table}.{node.name}")
+    if isinstance(node, exp.Literal):
+        return pa.scalar(float(node.this) if "." in node.this or "e" in node.this.lower()
+                         else int(node.this))
+    if isinstance(node, exp.Neg):
+        return pc.negate(_compute(node.this, table))
+    if isinstance(node, exp.Div):
+        return pc.divide(pc.cast(_compute(node.this, table), pa.float64()),
+                         pc.cast(_compute(node.expression, table), pa.float64()))
+    if type(node) in _ARITH:
+        return _ARITH[type(node)](_compute(node.this, table), _compute(node.expression, table))
+    if isinstance(node, exp.Coalesce):
+        return pc.coalesce(*(_compute(a, table) for a in [node.this, *node.expressions]))
+    if type(node) in _CMP_PC:
+        return _CMP_PC[type(node)](_compute(node.this, table), _compute(node.expression, table))
+    if isinstance(node, exp.And):
+        return pc.and_kleene(_compute(node.this, table), _compute(node.expression, table))
+    if isinstance(node, exp.Or):
+        return pc.or_kleene(_compute(node.this, table), _compute(node.expression, table))
+    if isinstance(node, exp.Not):
+        return pc.invert(_compute(node.this, table))
+    raise ValueError(f"cannot compute {node.sql()}")
+
+
+def _output_type(query: Query, o) -> pa.DataType:
+    """The Arrow type ``finalize`` gives an output column."""
+    if o.kind == "bucket" or o.func in ("count", "count_distinct"):
+        return pa.int64()
+    if o.func == "avg":
+        return pa.float64()
+    if o.kind == "key":
+        base = fields(query.stream)[key_field(o.field)[0]]
+        return pa.string() if base.kind == IP else base.arrow_type
+    return pa.int64()
+
+
+def join_answer(query: Query, answers: dict[str, pa.Table]) -> pa.Table:
+    """A joined query's answer from its parts' answers of the same windows (``answers`` by
+    part name; a part without rows may be missing): the parts joined per window on the ON
+    keys, the WHERE kept, the SELECT computed, ORDER BY … LIMIT per window."""
+    j = query.join
+    sides = {}
+    for alias in (j.left, j.right):
+        t = answers.get(j.part(alias).name)
+        sides[alias] = t if t is not None and t.num_rows else None
+    names = [n for n, _ in j.select]
+    left, right = sides[j.left], sides[j.right]
+    if left is None or (right is None and j.how == "inner"):
+        return pa.table({**{n: pa.array([], pa.int64()) for n in names},
+                         "window_start": pa.array([], TS_US)})
+    left = left.rename_columns([f"{j.left}.{c}" for c in left.column_names])
+    lkeys = [f"{j.left}.window_start"] + [f"{j.left}.{a}" for a, _ in j.on]
+    if right is None:  # LEFT JOIN a window the right part has no row of: NULLs
+        part = j.part(j.right)
+        joined = left
+        for o in part.outputs:
+            joined = joined.append_column(f"{j.right}.{o.name}",
+                                          pa.nulls(left.num_rows, _output_type(part, o)))
+    else:
+        right = right.rename_columns([f"{j.right}.{c}" for c in right.column_names])
+        rkeys = [f"{j.right}.window_start"] + [f"{j.right}.{b}" for _, b in j.on]
+        joined = left.join(right, keys=lkeys, right_keys=rkeys, coalesce_keys=False,
+                           join_type="left outer" if j.how == "left" else "inner",
+                           use_threads=False)
+    if j.where is not None and joined.num_rows:
+        joined = joined.filter(pc.fill_null(_compute(j.where, joined), False))
+    cols = {}
+    for name, node in j.select:
+        v = _compute(node, joined)
+        cols[name] = v if not isinstance(v, pa.Scalar) else pa.array([v.as_py()] *
+                                                                     joined.num_rows)
+    cols["window_start"] = joined.column(f"{j.left}.window_start")
+    return order_rows(query, pa.table(cols))
 
 
 def merge_to_keys(query: Query, rows: pa.Table) -> pa.Table:

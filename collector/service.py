@@ -27,7 +27,7 @@ from collector.config import Settings
 from collector.durability import Checkpoint
 from collector.engine import Engine
 from collector.metrics import Metrics
-from collector.registry import Registry
+from collector.registry import Registry, planned
 from collector.results import clear_results, read_results
 from collector.sampling import TupleSampler
 from collector.selectivity import SelectivityMeter
@@ -384,16 +384,19 @@ class Collector:
             every = self.registry.entries()
             paused = self.registry.disabled()
             entries = [(q, s) for q, s in every if q.name not in paused]  # paused: no cost
-            plan = build_plan([q for q, _ in entries], {q.name: s for q, s in entries},
+            part_slots = self.registry.part_slots()
+            slots = {q.name: s for q, s in planned(entries, part_slots)}  # WITH parts too
+            plan = build_plan([q for q, _ in entries], slots,
                               self.registry.next_version(),
                               selectivity=self.meter.selectivities() if measured else None,
                               samples=self.sampler.samples(),
                               **{**self.settings.plan_options(), **overrides})
             self._slot_queries.clear()  # a paused query's partials in flight still answer
-            self._slot_queries.update({s: q for q, s in every})
+            self._slot_queries.update({s: q for q, s in planned(every, part_slots)})
             self.plan = plan
             if self.settings.role == "all":  # for capture probes sharing the spool
-                publish_queries(self.settings.spool_dir, plan.version, every, paused)
+                publish_queries(self.settings.spool_dir, plan.version, every, paused,
+                                part_slots)
             for e in self.engines:
                 e.set_plan(plan)
             for src in getattr(self, "sources", []):
@@ -434,10 +437,14 @@ class Collector:
 
     def delete(self, name: str) -> bool:
         found = self.query(name)
-        if found is None or not self.registry.remove(name):
+        if found is None:
+            return False
+        slots = self.registry.slots_of(name)  # a joined query holds one per WITH part
+        if not self.registry.remove(name):
             return False
         plan = self.rebuild()
-        self.registry.freed_by(found[1], plan.version)
+        for slot in slots:
+            self.registry.freed_by(slot, plan.version)
         self.metrics.forget_query(name)
         return True
 

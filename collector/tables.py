@@ -126,7 +126,7 @@ def lookup(name: str, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
 
 def check(q: Query) -> None:
     """Every table ``q`` names is configured; else a QueryError at the name in its text."""
-    for p in q.predicates:
+    for p in (p for part in q.parts for p in part.predicates):  # a join: its parts'
         for a in p.atoms:
             if a.op == "table" and a.values[0] not in _paths:
                 line, col = _position(q.text, a.values[0])

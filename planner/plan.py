@@ -18,7 +18,7 @@ from planner.asc import ASC, add_candidate_arrows, asc_attributes, build_asc, si
 from planner.bpf import bpf_expression
 from planner.charts import Chart, ChartOptions, NodeModel, node_model
 from planner.cover import Cover, cover_matrix
-from planner.query import RESIDUAL_OPS, Predicate, Query
+from planner.query import RESIDUAL_OPS, Predicate, Query, expand
 from planner.sizes import NodeSizes, TupleSample
 from planner.slots import n_words
 from planner.unpacking import Unpacking, choose_unpacking
@@ -314,6 +314,7 @@ def build_plan(queries: list[Query], slots: dict[str, int] | None = None, versio
     ``aggregate_tree`` every query keeps its own LFTA table (seed 002's baseline); ``charts``
     builds an OM chart for every maintained node (planner/charts.py), each with an equal share
     of Spark's merge rate."""
+    queries = expand(queries)  # a joined query's parts are planned as ordinary queries
     if slots is None:
         slots = {q.name: i for i, q in enumerate(queries)}
     ids: dict[Predicate, int] = {}

@@ -8,7 +8,7 @@ Every error names the line, column and reason.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sqlglot
 from sqlglot import exp
@@ -189,6 +189,13 @@ class Query:
     having: tuple[Condition, ...] = ()
     order: tuple[tuple[str, bool], ...] = ()  # (output column, descending)
     limit: int | None = None
+    join: Join | None = None  # WITH … SELECT … FROM a [LEFT] JOIN b: its parts are planned
+    parent: Query | None = field(default=None, repr=False, compare=False)  # a part's join
+
+    @property
+    def parts(self) -> tuple[Query, ...]:
+        """What the planner plans of this query: its WITH parts, or itself."""
+        return self.join.parts if self.join is not None else (self,)
 
     @property
     def is_selection(self) -> bool:
@@ -217,6 +224,30 @@ class Query:
         return tuple(dict.fromkeys((*self.keys, *self.distinct)))
 
 
+@dataclass(eq=False)
+class Join:
+    """Two aggregate queries of the same stream and period combined per closed window:
+    ``WITH a AS (…), b AS (…) SELECT … FROM a [LEFT] JOIN b ON a.t = b.t AND a.k = b.k
+    [WHERE …]``. Each part is an ordinary aggregate query named ``<query>.<alias>`` (its own
+    slot, prefilter signature and tree node); the HFTA joins their answers of each window."""
+
+    parts: tuple[Query, ...]  # in WITH order
+    left: str  # the alias in FROM
+    right: str  # the alias joined
+    how: str  # "inner" or "left"
+    on: tuple[tuple[str, str], ...]  # (left column, right column) pairs beside the buckets
+    select: tuple[tuple[str, exp.Expression], ...]  # (output name, expression over a.col)
+    where: exp.Expression | None = None
+
+    def part(self, alias: str) -> Query:
+        return next(p for p in self.parts if p.name.rpartition(".")[2] == alias)
+
+
+def expand(queries) -> list[Query]:
+    """The queries the planner plans: joined queries replaced by their parts."""
+    return [p for q in queries for p in q.parts]
+
+
 def _lit(v) -> str:
     return f"'{v}'" if isinstance(v, str) else str(v)
 
@@ -237,15 +268,16 @@ def _start(meta: dict) -> tuple[int, int]:
 
 
 def _pos(node: exp.Expression) -> tuple[int, int]:
-    """Line and column where a node starts (its first token that carries a position)."""
+    """Line and column where a node starts (its leftmost token that carries a position)."""
+    found = []
     for n in node.walk():
         meta = getattr(n, "meta", None) or {}
         if "line" in meta:
-            return _start(meta)
-        if isinstance(n, exp.Column | exp.Identifier) and isinstance(n.this, exp.Expression):
+            found.append(_start(meta))
+        elif isinstance(n, exp.Column | exp.Identifier) and isinstance(n.this, exp.Expression):
             if "line" in n.this.meta:
-                return _start(n.this.meta)
-    return 0, 0
+                found.append(_start(n.this.meta))
+    return min(found, default=(0, 0))
 
 
 def split_statements(text: str) -> list[tuple[str | None, int, str, int]]:
@@ -366,7 +398,10 @@ class _Builder:
     def build(self, st: exp.Expression) -> Query:
         if not isinstance(st, exp.Select):
             raise self.err(f"only SELECT is supported, not {st.key.upper()}", st)
-        for arg in ("joins", "with", "distinct", "windows", "qualify"):
+        with_ = st.args.get("with_") or st.args.get("with")
+        if with_ is not None:
+            return self.joined(st, with_)
+        for arg in ("joins", "distinct", "windows", "qualify"):
             if st.args.get(arg):
                 raise self.err(f"{arg.upper()} is not supported", st)
         frm = st.args.get("from_") or st.args.get("from")
@@ -383,6 +418,158 @@ class _Builder:
         if group is None and not has_agg:
             return self.selection(st, preds)
         return self.aggregate(st, group, preds)
+
+    # -- WITH a AS (…), b AS (…) SELECT … FROM a [LEFT] JOIN b ON …
+    def joined(self, st: exp.Select, with_: exp.Expression) -> Query:
+        parts: dict[str, Query] = {}
+        for cte in with_.expressions:
+            alias = cte.alias
+            if not NAME_RE.match(alias or ""):
+                raise self.err(f"a WITH part is named [A-Za-z_][A-Za-z0-9_]*, not {alias!r}", cte)
+            if alias in parts:
+                raise self.err(f"WITH names part {alias!r} twice", cte)
+            if not isinstance(cte.this, exp.Select) or \
+                    (cte.this.args.get("with_") or cte.this.args.get("with")):
+                raise self.err(f"WITH part {alias} is one aggregate query", cte)
+            part = _Builder(f"{self.name}.{alias}", " ".join(cte.this.sql().split())) \
+                .build(cte.this)
+            if part.period is None:
+                raise self.err(f"WITH part {alias} is an aggregate query (GROUP BY time/N)",
+                               cte.this)
+            parts[alias] = part
+            first = next(iter(parts.values()))
+            if part.period != first.period or part.stream != first.stream:
+                raise self.err(f"the parts of a join read one stream with one period: "
+                               f"{first.name.rpartition('.')[2]} is {first.stream} time/"
+                               f"{first.period}, {alias} is {part.stream} time/{part.period}",
+                               cte.this.args.get("group") or cte)
+        frm = st.args.get("from_") or st.args.get("from")
+        joins = st.args.get("joins") or []
+        if frm is None or not isinstance(frm.this, exp.Table) or len(joins) != 1 or \
+                not isinstance(joins[0].this, exp.Table):
+            raise self.err("a query WITH parts reads FROM one part JOIN another", st)
+        left, right = frm.this.name, joins[0].this.name
+        for name, node in ((left, frm.this), (right, joins[0].this)):
+            if name not in parts:
+                raise self.err(f"{name!r} is no part of the WITH (parts: "
+                               f"{', '.join(parts)})", node)
+        if left == right:
+            raise self.err("a part joined with itself", joins[0])
+        unused = set(parts) - {left, right}
+        if unused:
+            raise self.err(f"WITH part {sorted(unused)[0]} is not joined", st)
+        j = joins[0]
+        side = (j.args.get("side") or "").upper()
+        if side not in ("", "LEFT") or (j.args.get("kind") or "").upper() not in ("", "INNER",
+                                                                                  "OUTER"):
+            raise self.err("a join is JOIN or LEFT JOIN", j)
+        on = j.args.get("on")
+        if on is None:
+            raise self.err("a join needs ON a.t = b.t (the time buckets) AND key equalities", j)
+        self.join_parts = {left: parts[left], right: parts[right]}
+        pairs, bucket = [], False
+        for c in self.conjuncts(on, "ON"):
+            if not (isinstance(c, exp.EQ) and isinstance(c.this, exp.Column)
+                    and isinstance(c.expression, exp.Column)):
+                raise self.err("ON takes equalities of a column of each part, joined by AND",
+                               c)
+            (ta, oa), (tb, ob) = self.part_column(c.this), self.part_column(c.expression)
+            if ta == tb:
+                raise self.err("an ON equality compares a column of each part", c)
+            if ta != left:
+                (ta, oa), (tb, ob) = (tb, ob), (ta, oa)
+            if oa.kind == "bucket" and ob.kind == "bucket":
+                bucket = True
+                continue
+            for t, o, node in ((ta, oa, c.this), (tb, ob, c.expression)):
+                if o.kind != "key":
+                    raise self.err(f"join key {t}.{o.name} is not a group key of {t}", node)
+            pairs.append((oa.name, ob.name))
+        if not bucket:
+            raise self.err(f"a join is per window: ON needs {left}.<bucket> = "
+                           f"{right}.<bucket> (their time/{first.period} columns)", on)
+        select = []
+        for item in st.expressions:
+            node, alias = (item.this, item.alias) if isinstance(item, exp.Alias) else (item, None)
+            self.check_expr(node)
+            name = alias or (node.name if isinstance(node, exp.Column) else
+                             " ".join(node.sql().split()))
+            select.append((name, node))
+        names = [n for n, _ in select]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise self.err(f"duplicate output column {sorted(dup)[0]!r}", st)
+        where = st.args.get("where")
+        if where is not None:
+            self.check_expr(where.this, boolean=True)
+        if st.args.get("group") or st.args.get("having"):
+            raise self.err("a join combines aggregates: GROUP BY and HAVING go in its parts",
+                           st)
+        outputs = tuple(Output(n, "expr") for n in names)
+        order = self.order(st.args.get("order"), outputs)
+        limit = self.limit(st)
+        join = Join(tuple(parts.values()), left, right, "left" if side == "LEFT" else "inner",
+                    tuple(pairs), tuple(select), where.this if where is not None else None)
+        q = Query(self.name, first.stream, self.text, outputs, (), first.period, (), (), order,
+                  limit, join)
+        for p in join.parts:
+            p.parent = q
+        return q
+
+    def part_column(self, node: exp.Column) -> tuple[str, Output]:
+        """``a.col``: the part and its output column."""
+        if not node.table:
+            raise self.err(f"qualify a column with its part: {', '.join(self.join_parts)}"
+                           f".{node.name}", node)
+        part = self.join_parts.get(node.table)
+        if part is None:
+            raise self.err(f"{node.table!r} is no part of the join", node)
+        for o in part.outputs:
+            if o.name.lower() == node.name.lower():
+                return node.table, o
+        raise self.err(f"part {node.table} has no column {node.name!r} (it has "
+                       f"{', '.join(o.name for o in part.outputs)})", node)
+
+    def check_expr(self, node: exp.Expression, boolean: bool = False) -> None:
+        """What a joined query's SELECT and WHERE may compute: its parts' columns, numbers,
+        + - * /, coalesce(); comparisons, AND, OR and NOT in the WHERE."""
+        if isinstance(node, exp.Paren):
+            return self.check_expr(node.this, boolean)
+        if boolean:
+            if isinstance(node, exp.And | exp.Or):
+                self.check_expr(node.this, True)
+                return self.check_expr(node.expression, True)
+            if isinstance(node, exp.Not):
+                return self.check_expr(node.this, True)
+            if type(node) in CMP_NODES:
+                self.check_expr(node.this)
+                return self.check_expr(node.expression)
+            raise self.err("a join's WHERE compares its columns: =, !=, <, <=, >, >=, AND, OR, "
+                           "NOT", node)
+        if isinstance(node, exp.Column):
+            self.part_column(node)
+        elif isinstance(node, exp.Literal):
+            if node.is_string or _number(node) is None:
+                raise self.err("a join computes with numbers, not strings", node)
+        elif isinstance(node, exp.Neg):
+            self.check_expr(node.this)
+        elif isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div):
+            self.check_expr(node.this)
+            self.check_expr(node.expression)
+        elif isinstance(node, exp.Coalesce):
+            for a in [node.this, *node.expressions]:
+                self.check_expr(a)
+        else:
+            raise self.err(f"a join's SELECT computes with its parts' columns, numbers, "
+                           f"+ - * / and coalesce(), not {node.sql()!r}", node)
+
+    def limit(self, st: exp.Select) -> int | None:
+        if st.args.get("limit") is None:
+            return None
+        lit = st.args["limit"].expression
+        if not (isinstance(lit, exp.Literal) and lit.this.isdigit()):
+            raise self.err("LIMIT takes a whole number", st.args["limit"])
+        return int(lit.this)
 
     # -- SELECT lists
     def field_name(self, node: exp.Expression) -> str:
@@ -452,6 +639,10 @@ class _Builder:
                 outputs.append(Output(label, "bucket"))
             elif isinstance(node, exp.AggFunc):
                 func, f = self.agg(node)
+                if func == "avg" and f == "ip_len" and not _ip_only(preds, self.cat):
+                    raise self.err("avg(ip_len) needs a WHERE that admits IP packets only "
+                                   "(e.g. ip_version IN (4, 6) or a protocol test): a frame "
+                                   "without IP has no ip_len", node)
                 outputs.append(Output(label, "agg", f, func))
             else:
                 f = self.group_key(node)
@@ -459,23 +650,13 @@ class _Builder:
                     shown = f if "/" not in f else label
                     raise self.err(f"{shown!r} must appear in GROUP BY or in an aggregate", node)
                 outputs.append(Output(alias or (f if "/" not in f else label), "key", f))
-        for o in outputs:
-            if o.func == "avg" and o.field == "ip_len" and not _ip_only(preds, self.cat):
-                raise self.err("avg(ip_len) needs a WHERE that admits IP packets only (e.g. "
-                               "ip_version IN (4, 6) or a protocol test): a frame without IP "
-                               "has no ip_len", st)
         names = [o.name for o in outputs]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise self.err(f"duplicate output column {sorted(dup)[0]!r}", st)
         having = self.having(st.args.get("having"), outputs)
         order = self.order(st.args.get("order"), outputs)
-        limit = None
-        if st.args.get("limit") is not None:
-            lit = st.args["limit"].expression
-            if not (isinstance(lit, exp.Literal) and lit.this.isdigit()):
-                raise self.err("LIMIT takes a whole number", st.args["limit"])
-            limit = int(lit.this)
+        limit = self.limit(st)
         return Query(self.name, self.stream, self.text, tuple(outputs), preds, period,
                      tuple(keys), having, order, limit)
 

@@ -24,6 +24,7 @@ from capture.fields import measures
 from collector.metrics import Metrics
 from collector.results import (
     finalize,
+    join_answer,
     project_selection,
     query_partials,
     selection_parts,
@@ -212,8 +213,17 @@ class SparkJob:
         else:
             parts = query_partials(stream, table, self._resolver(stream, folder))
         now = time.time()
+        answers = []
+        joined: dict[str, tuple[Query, dict[str, pa.Table]]] = {}
         for q, part in parts:
             answer = project_selection(q, part) if q.is_selection else finalize(q, part)
+            if q.parent is not None:  # a WITH part: its answer goes into the join
+                joined.setdefault(q.parent.name, (q.parent, {}))[1][q.name] = answer
+            else:
+                answers.append((q, answer))
+        # a join's parts have the same period, so their windows close in the same batch
+        answers += [(jq, join_answer(jq, got)) for jq, got in joined.values()]
+        for q, answer in answers:
             self.metrics.result_rows.labels(q.name).inc(answer.num_rows)
             if q.period is None or "window_start" not in answer.column_names:
                 write_results(self.results_root, q.name, f"{stream}-{folder}-{batch_id:010d}",

@@ -70,6 +70,34 @@ def test_delete_holds_slot(client):
     assert r.json()["slot"] == 3, "slot 1 is held until no spool file can reference it"
 
 
+def test_joined_query_registers_with_a_slot_per_part(client):
+    """A WITH … JOIN query over REST: its parts are planned with their own slots (the first
+    holds the query's), the query is listed once, and deleting it holds every part's slot."""
+    sql = ("WITH s AS (SELECT time/60 AS t, dst_ip, count(*) AS n FROM packets "
+           "WHERE (tcp_flags & 18) = 2 GROUP BY time/60, dst_ip), "
+           "a AS (SELECT time/60 AS t, src_ip, count(*) AS n FROM packets "
+           "WHERE (tcp_flags & 18) = 18 GROUP BY time/60, src_ip) "
+           "SELECT s.t AS t, s.dst_ip AS host, s.n - coalesce(a.n, 0) AS open "
+           "FROM s LEFT JOIN a ON s.t = a.t AND s.dst_ip = a.src_ip WHERE s.n > 100")
+    r = client.post("/queries", json={"name": "syn_flood", "sql": sql})
+    assert r.status_code == 201, r.text
+    assert r.json()["slot"] == 3 and r.json()["columns"] == ["t", "host", "open"]
+    assert [q["name"] for q in client.get("/queries").json()][-1] == "syn_flood"
+    plan = client.get("/prefilter").json()
+    slots = {q["name"]: q["slot"] for q in plan["queries"]}
+    assert slots["syn_flood.s"] == 3 and slots["syn_flood.a"] == 4
+    assert {"(tcp_flags & 18) = 2", "(tcp_flags & 18) = 18"} <= \
+        {p["text"] for p in plan["predicates"]}
+    assert client.delete("/queries/syn_flood").status_code == 204
+    assert "syn_flood.s" not in {q["name"] for q in client.get("/prefilter").json()["queries"]}
+    r = client.post("/queries", json={"name": "again", "sql": "SELECT ts FROM packets"})
+    assert r.json()["slot"] == 5, "both parts' slots are held"
+    r = client.post("/queries", json={"name": "bad", "sql": sql.replace("time/60 AS t, src",
+                                                                         "time/10 AS t, src")
+                                      .replace("time/60, src", "time/10, src")})
+    assert r.status_code == 422 and "one period" in r.json()["reason"]
+
+
 def test_metrics_and_health(client):
     r = client.get("/metrics")
     assert r.status_code == 200 and "text/plain" in r.headers["content-type"]

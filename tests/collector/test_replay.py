@@ -303,3 +303,71 @@ WHERE protocol = 6 GROUP BY time/10, ip_len
     by_len = groups(lambda p: p["protocol"] == 6, ["ip_len"])
     assert {(r["t"], r["ip_len"]): (r["srcs"], r["mean"]) for r in got["by_len"]} == \
         {k: (distinct(v, "src_ip"), k[1]) for k, v in by_len.items()}
+
+
+def test_replay_joined_aggregates(spark, tmp_path):
+    """WITH … JOIN: aggregates of the same windows combined per window on their keys (SYN
+    minus SYN-ACK per host; a LEFT JOIN whose right part has no row in most windows; an inner
+    join with arithmetic and a WHERE), against the dpkt-decoded packets joined by hand."""
+    path = capture("var-services-std-ports.pcap")
+    queries = parse_queries("""
+-- name: half_open
+WITH syn AS (SELECT time/10 AS t, dst_ip, count(*) AS n FROM packets
+             WHERE (tcp_flags & 18) = 2 GROUP BY time/10, dst_ip),
+     synack AS (SELECT time/10 AS t, src_ip, count(*) AS n FROM packets
+                WHERE (tcp_flags & 18) = 18 GROUP BY time/10, src_ip)
+SELECT syn.t AS t, syn.dst_ip AS host, syn.n AS syns, synack.n AS acks,
+       syn.n - coalesce(synack.n, 0) AS open
+FROM syn LEFT JOIN synack ON syn.t = synack.t AND syn.dst_ip = synack.src_ip;
+-- name: resets
+WITH a AS (SELECT time/10 AS t, count(*) AS n FROM packets WHERE protocol = 6 GROUP BY time/10),
+     r AS (SELECT time/10 AS t, count(*) AS n FROM packets WHERE tcp_flags & 4 != 0
+           GROUP BY time/10)
+SELECT a.t AS t, a.n AS tcp, coalesce(r.n, 0) AS rsts FROM a LEFT JOIN r ON a.t = r.t;
+-- name: asym
+WITH o AS (SELECT time/10 AS t, src_ip, sum(wirelen) AS bytes, count(*) AS n FROM packets
+           WHERE protocol = 17 GROUP BY time/10, src_ip),
+     i AS (SELECT time/10 AS t, dst_ip, count(*) AS n FROM packets WHERE protocol = 17
+           GROUP BY time/10, dst_ip)
+SELECT o.t AS t, o.src_ip AS host, o.bytes / o.n AS mean, o.n - i.n AS d
+FROM o JOIN i ON i.dst_ip = o.src_ip AND o.t = i.t WHERE o.n >= 2 AND o.n - i.n != 0;
+-- name: syn_alone
+SELECT time/10 AS t, dst_ip, count(*) AS n FROM packets WHERE (tcp_flags & 18) = 2
+GROUP BY time/10, dst_ip
+""")
+    res = replay(path, queries, tmp_path, spark)
+    assert res.error is None
+    assert len(res.plan.queries) == 7, "each part planned as a query"
+    got = {q.name: rows_of(q, t) for q, t in res.answers}
+    pkts = packets(path)
+    wirelens = [meta.wirelen for _, meta in RawPcapReader(str(path))]
+
+    def count(where, key):
+        out = defaultdict(lambda: [0, 0])
+        for p, wl in zip(pkts, wirelens, strict=True):
+            if where(p):
+                acc = out[(p["time"] // 10, *(p[k] for k in key))]
+                acc[0] += 1
+                acc[1] += wl
+        return out
+
+    def flags(mask, value):
+        return lambda p: p["tcp_flags"] is not None and p["tcp_flags"] & mask == value
+
+    syn, synack = count(flags(18, 2), ["dst_ip"]), count(flags(18, 18), ["src_ip"])
+    want = {k: (v[0], synack[k][0] if k in synack else None, v[0] - synack.get(k, [0])[0])
+            for k, v in syn.items()}
+    assert syn and any(k in synack for k in syn)
+    assert {(r["t"], r["host"]): (r["syns"], r["acks"], r["open"])
+            for r in got["half_open"]} == want
+    assert {(r["t"], r["dst_ip"]): r["n"] for r in got["syn_alone"]} == \
+        {k: v[0] for k, v in syn.items()}
+    tcp, rst = count(lambda p: p["protocol"] == 6, []), count(flags(4, 4), [])
+    assert len(rst) < len(tcp), "windows without a reset: the right part is empty there"
+    assert {r["t"]: (r["tcp"], r["rsts"]) for r in got["resets"]} == \
+        {k[0]: (v[0], rst.get(k, [0])[0]) for k, v in tcp.items()}
+    out, inn = count(lambda p: p["protocol"] == 17, ["src_ip"]), \
+        count(lambda p: p["protocol"] == 17, ["dst_ip"])
+    want = {k: (v[1] / v[0], v[0] - inn[k][0]) for k, v in out.items()
+            if k in inn and v[0] >= 2 and v[0] != inn[k][0]}
+    assert want and {(r["t"], r["host"]): (r["mean"], r["d"]) for r in got["asym"]} == want

@@ -56,3 +56,43 @@ def test_limit_per_window():
                       "dst_port": list(range(8)), "n": [5, 7, 6, 1, 2, 9, 4, 8]})
     out = order_rows(q, table).to_pydict()
     assert out["dst_port"] == [1, 2, 3, 5, 7]
+
+
+JOIN = """WITH a AS (SELECT time/60 AS t, dst_ip, count(*) AS n FROM packets
+                     GROUP BY time/60, dst_ip),
+b AS (SELECT time/60 AS t, src_ip, count(*) AS n, avg(wirelen) AS m FROM packets
+      GROUP BY time/60, src_ip)
+SELECT a.t AS t, a.dst_ip AS host, a.n - coalesce(b.n, 0) AS d, b.m AS m
+FROM a {how} JOIN b ON a.t = b.t AND a.dst_ip = b.src_ip WHERE a.n >= 2 ORDER BY d DESC"""
+
+
+def _part(ts, hosts, n, **more) -> pa.Table:
+    """A part's answer as ``finalize`` gives it (window starts in µs, bucket in minutes)."""
+    ws = pa.array([t * 60_000_000 for t in ts], pa.timestamp("us", tz="UTC"))
+    return pa.table({"t": pa.array(ts, pa.int64()), "host": pa.array(hosts), "n": pa.array(n),
+                     **more, "window_start": ws})
+
+
+def test_join_windows_where_one_side_is_empty():
+    """Per window, a LEFT JOIN keeps the left rows with NULLs where the right part has no row
+    (or no row at all in the batch); an inner join drops them; no left rows, no answer."""
+    from collector.results import join_answer
+    left = parse_single(JOIN.format(how="LEFT"), "j")
+    inner = parse_single(JOIN.format(how=""), "j")
+    a = _part([1, 1, 2], ["10.0.0.1", "10.0.0.2", "10.0.0.1"], [5, 3, 1])
+    a = a.rename_columns(["t", "dst_ip", "n", "window_start"])
+    b = _part([1], ["10.0.0.1"], [3], m=pa.array([60.5]))
+    b = b.rename_columns(["t", "src_ip", "n", "m", "window_start"])
+
+    def rows(q, parts):
+        t = join_answer(q, parts)
+        return [(r["t"], r["host"], r["d"], r["m"]) for r in t.to_pylist()]
+
+    assert rows(left, {"j.a": a, "j.b": b}) == [(1, "10.0.0.2", 3, None),
+                                                 (1, "10.0.0.1", 2, 60.5)]
+    assert rows(inner, {"j.a": a, "j.b": b}) == [(1, "10.0.0.1", 2, 60.5)]
+    # the right part has no row in the batch: LEFT keeps every left row, inner none
+    assert rows(left, {"j.a": a}) == [(1, "10.0.0.1", 5, None), (1, "10.0.0.2", 3, None)]
+    assert rows(left, {"j.a": a, "j.b": b.slice(0, 0)}) == rows(left, {"j.a": a})
+    assert rows(inner, {"j.a": a}) == []
+    assert rows(left, {"j.b": b}) == [] and rows(inner, {}) == []

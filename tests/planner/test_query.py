@@ -120,3 +120,46 @@ def test_having_order_limit():
 def test_regexp_is_expensive_and_ports_cheap():
     q = parse_single("SELECT ts FROM packets WHERE dst_port = 53 AND regexp(dns_qname, 'x')")
     assert q.predicates[0].cost < 10 < q.predicates[1].cost
+
+
+PARTS = """WITH a AS (SELECT time/60 AS t, dst_ip, count(*) AS n FROM packets
+                     WHERE (tcp_flags & 18) = 2 GROUP BY time/60, dst_ip),
+     b AS (SELECT time/{p} AS t, src_ip, count(*) AS n FROM packets GROUP BY time/{p}, src_ip)
+"""
+
+
+@pytest.mark.parametrize("tail,period,line,col,reason", [
+    ("SELECT a.n FROM a JOIN b ON a.t = b.t", 10, 3, 77, "one period"),
+    ("SELECT a.n FROM a JOIN b ON a.t = b.t AND a.n = b.n", 60, 4, 43, "not a group key of a"),
+    ("SELECT a.n FROM a JOIN b ON a.dst_ip = b.src_ip", 60, 4, 29, "ON needs a.<bucket>"),
+    ("SELECT n FROM a JOIN b ON a.t = b.t", 60, 4, 8, "qualify a column"),
+    ("SELECT a.x FROM a JOIN b ON a.t = b.t", 60, 4, 8, "has no column 'x'"),
+    ("SELECT a.n FROM a RIGHT JOIN b ON a.t = b.t", 60, 4, 30, "JOIN or LEFT JOIN"),
+    ("SELECT a.n FROM a JOIN c ON a.t = c.t", 60, 4, 24, "no part of the WITH"),
+    ("SELECT upper(a.n) FROM a JOIN b ON a.t = b.t", 60, 4, 8, "not 'UPPER(a.n)'"),
+    ("SELECT a.n FROM a JOIN b ON a.t = b.t WHERE a.n + 1", 60, 4, 45, "compares"),
+])
+def test_join_errors_name_line_and_column(tail, period, line, col, reason):
+    with pytest.raises(QueryError) as e:
+        parse_single(PARTS.format(p=period) + tail, "j")
+    assert reason in e.value.reason
+    assert (e.value.line, e.value.col) == (line, col)
+
+
+def test_join_parts_are_planned_queries():
+    """Each part is an ordinary aggregate query (own predicates, keys, slot); the join itself
+    has none; a part's parse errors point into the whole text."""
+    from planner.plan import build_plan
+    q = parse_single(PARTS.format(p=60) + "SELECT a.t, a.n - coalesce(b.n, 0) AS d FROM a LEFT "
+                     "JOIN b ON a.t = b.t AND a.dst_ip = b.src_ip", "half_open")
+    assert [p.name for p in q.parts] == ["half_open.a", "half_open.b"]
+    assert q.parts[0].predicates[0].text == "(tcp_flags & 18) = 2"
+    assert q.join.how == "left" and q.join.on == (("dst_ip", "src_ip"),)
+    assert [o.name for o in q.outputs] == ["t", "d"] and q.period == 60
+    plan = build_plan([q])
+    assert [qp.query.name for qp in plan.queries] == ["half_open.a", "half_open.b"]
+    assert all(qp.query.parent is q for qp in plan.queries)
+    with pytest.raises(QueryError) as e:
+        parse_single(PARTS.format(p=60).replace("dst_ip, count", "dst_ipx, count") +
+                     "SELECT a.n FROM a JOIN b ON a.t = b.t", "j")
+    assert (e.value.line, e.value.col) == (1, 33) and "unknown field 'dst_ipx'" in e.value.reason
