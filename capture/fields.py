@@ -47,8 +47,9 @@ class Field:
 
     @property
     def variable_offset(self) -> bool:
-        """Fields found by walking variable-length data: expensive to unpack and to test."""
-        return self.kind == STRING
+        """Fields found by walking variable-length data (names, DNS answers past the question
+        section): expensive to unpack and to test, never prefilter bits."""
+        return self.kind == STRING or self.group == "dns_an"
 
 
 def _f(name, stream, kind, group, cost, group_cost, groupable, measure, doc):
@@ -92,6 +93,13 @@ PACKET_FIELDS: tuple[Field, ...] = (
     _f("dns_ancount", P, INT32, "dns", 5, 1, True, False, "DNS answer count"),
     _f("dns_qname", P, STRING, "dns_name", 40, 40, True, False,
        "first query name, lower case, no trailing dot"),
+    _f("dns_an_type", P, INT32, "dns_an", 40, 1, True, False, "first answer record's type"),
+    _f("dns_an_ttl", P, INT32, "dns_an", 40, 1, True, False,
+       "first answer record's TTL in seconds (0 when its top bit is set, RFC 2181)"),
+    _f("dns_an_name", P, STRING, "dns_an", 60, 20, True, False,
+       "first answer record's owner name, lower case, no trailing dot"),
+    _f("dns_an_addr", P, IP, "dns_an", 40, 1, True, False,
+       "first answer record's address (A or AAAA)"),
 )
 
 F = "flows"
@@ -135,7 +143,7 @@ FLOW_FIELDS: tuple[Field, ...] = (
 # Prefilter paper, section 2.4: the planner covers the fields a plan needs with groups and single
 # fields by weighted set cover (planner/unpacking.py).
 GROUP_BASE: dict[str, float] = {
-    "meta": 0, "link": 1, "ip": 2, "l4": 3, "dns": 4, "dns_name": 0, "flow": 0,
+    "meta": 0, "link": 1, "ip": 2, "l4": 3, "dns": 4, "dns_name": 0, "dns_an": 40, "flow": 0,
 }
 
 STREAMS: dict[str, dict[str, Field]] = {

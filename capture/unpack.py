@@ -38,6 +38,8 @@ C_SPORT, C_DPORT, C_TCPF = _I["src_port"], _I["dst_port"], _I["tcp_flags"]
 C_ICT, C_ICC = _I["icmp_type"], _I["icmp_code"]
 C_DID, C_DQR, C_DOP, C_DRC, C_DQD, C_DAN = _I["dns_id"], _I["dns_qr"], _I["dns_opcode"], \
     _I["dns_rcode"], _I["dns_qdcount"], _I["dns_ancount"]
+C_ANTYPE, C_ANTTL = _I["dns_an_type"], _I["dns_an_ttl"]
+MAX_QUESTIONS = 16  # questions skipped to reach the first answer (real messages carry one)
 
 QNAME_STRIDE = 1024  # 255 bytes of name, each byte at most 4 characters (\DDD escapes)
 
@@ -60,9 +62,32 @@ def _put(ints, want, c, i, v):
 
 
 @nb.njit(cache=True)
+def _skip_name(buf, q, end):
+    """The offset after the (possibly compressed) name at ``q``, or -1 past ``end``."""
+    for _ in range(128):  # at most 127 labels fit in 255 bytes
+        if q >= end:
+            return -1
+        ln = np.int32(buf[q])
+        if ln == 0:
+            return q + 1
+        if (ln & 0xC0) == 0xC0:
+            return q + 2 if q + 2 <= end else -1
+        if (ln & 0xC0) != 0:
+            return -1
+        q += 1 + ln
+    return -1
+
+
+@nb.njit(cache=True)
 def _qname(buf, dns, end, out, row):
     """Write the first query name at dns+12 into out[row]; return its length or -1."""
-    q = dns + 12
+    return _name(buf, dns, dns + 12, end, out, row)
+
+
+@nb.njit(cache=True)
+def _name(buf, dns, q, end, out, row):
+    """Write the name at ``q`` of the DNS message at ``dns`` into out[row], following
+    compression pointers (bounded); return its length or -1."""
     n = 0
     hops = 0
     raw = 0
@@ -108,24 +133,65 @@ def _qname(buf, dns, end, out, row):
         q += 1 + ln
 
 
+@nb.njit(cache=True)
+def _answer(buf, d, qd, end, ints, want, i, an_addr, an_ok, an_len, an_buf):
+    """The first answer record of the message at ``d``: its type, TTL, owner name and (A or
+    AAAA) address, from what was captured (the address only when its data is whole)."""
+    q = d + 12
+    for _ in range(min(qd, MAX_QUESTIONS)):
+        q = _skip_name(buf, q, end)
+        if q < 0 or q + 4 > end:
+            return
+        q += 4
+    if qd > MAX_QUESTIONS:
+        return
+    r = _skip_name(buf, q, end)
+    if r < 0 or r + 10 > end:
+        return
+    typ = _be16(buf, r)
+    ttl = _be32(buf, r + 4)
+    rdlen = np.int64(_be16(buf, r + 8))
+    _put(ints, want, C_ANTYPE, i, typ)
+    _put(ints, want, C_ANTTL, i, 0 if ttl >= 0x80000000 else ttl)
+    if an_len.shape[0]:
+        an_len[i] = _name(buf, d, q, end, an_buf, i)
+    rd = r + 10
+    if an_addr.shape[0] and rd + rdlen <= end:
+        if typ == 1 and rdlen == 4:
+            an_addr[i, 10] = 0xFF
+            an_addr[i, 11] = 0xFF
+            for k in range(4):
+                an_addr[i, 12 + k] = buf[rd + k]
+            an_ok[i] = True
+        elif typ == 28 and rdlen == 16:
+            for k in range(16):
+                an_addr[i, k] = buf[rd + k]
+            an_ok[i] = True
+
+
 @nb.njit(cache=True, inline="always")
-def _dns(buf, d, end, ints, want, i, want_qname, qn_len, qn_buf):
+def _dns(buf, d, end, ints, want, i, want_qname, qn_len, qn_buf, want_an, an_addr, an_ok,
+         an_len, an_buf):
     if d + 12 > end:
         return
     flags = _be16(buf, d + 2)
     qd = _be16(buf, d + 4)
+    an = _be16(buf, d + 6)
     _put(ints, want, C_DID, i, _be16(buf, d))
     _put(ints, want, C_DQR, i, (flags >> 15) & 1)
     _put(ints, want, C_DOP, i, (flags >> 11) & 0xF)
     _put(ints, want, C_DRC, i, flags & 0xF)
     _put(ints, want, C_DQD, i, qd)
-    _put(ints, want, C_DAN, i, _be16(buf, d + 6))
+    _put(ints, want, C_DAN, i, an)
     if want_qname and qd > 0:
         qn_len[i] = _qname(buf, d, end, qn_buf, i)
+    if want_an and an > 0:
+        _answer(buf, d, qd, end, ints, want, i, an_addr, an_ok, an_len, an_buf)
 
 
 @nb.njit(cache=True, inline="always")
-def _l4(buf, p, end, proto, ints, want, i, want_dns, want_qname, qn_len, qn_buf):
+def _l4(buf, p, end, proto, ints, want, i, want_dns, want_qname, qn_len, qn_buf, want_an,
+        an_addr, an_ok, an_len, an_buf):
     if proto == 6 or proto == 17 or proto == 132:
         if p + 4 > end:
             return
@@ -140,10 +206,12 @@ def _l4(buf, p, end, proto, ints, want, i, want_dns, want_qname, qn_len, qn_buf)
             if want_dns and (sp == 53 or dp == 53 or sp == 5353 or dp == 5353):
                 doff = (np.int64(buf[p + 12]) >> 4) * 4
                 if doff >= 20 and p + doff + 2 + 12 <= end:
-                    _dns(buf, p + doff + 2, end, ints, want, i, want_qname, qn_len, qn_buf)
+                    _dns(buf, p + doff + 2, end, ints, want, i, want_qname, qn_len, qn_buf,
+                         want_an, an_addr, an_ok, an_len, an_buf)
         elif proto == 17:
             if want_dns and (sp == 53 or dp == 53 or sp == 5353 or dp == 5353):
-                _dns(buf, p + 8, end, ints, want, i, want_qname, qn_len, qn_buf)
+                _dns(buf, p + 8, end, ints, want, i, want_qname, qn_len, qn_buf, want_an,
+                     an_addr, an_ok, an_len, an_buf)
     elif proto == 1 or proto == 58:
         if p + 2 > end:
             return
@@ -231,7 +299,8 @@ def link_walk(buf, p, end, linktype):
 
 @nb.njit(cache=True)
 def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_src, want_dst,
-                   walk_ip, walk_l4, want_dns, want_qname, ints, src, dst, qn_len, qn_buf):
+                   walk_ip, walk_l4, want_dns, want_qname, ints, src, dst, qn_len, qn_buf,
+                   want_an, an_addr, an_ok, an_len, an_buf):
     """Decode every record of a batch into the caller-allocated columns (NULL = -1).
 
     ``want`` says which integer columns to write; the walk flags say how deep to decode (the
@@ -295,7 +364,7 @@ def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_s
                 l4end = p + tot
             if walk_l4 and foff == 0 and p + ihl <= l4end:
                 _l4(buf, p + ihl, l4end, proto, ints, want, i, want_dns, want_qname, qn_len,
-                    qn_buf)
+                    qn_buf, want_an, an_addr, an_ok, an_len, an_buf)
         elif et == 0x86DD:
             if p + 40 > end or (buf[p] >> 4) != 6:
                 continue
@@ -355,7 +424,8 @@ def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_s
             if fid >= 0:
                 _put(ints, want, C_IPID, i, fid)
             if walk_l4 and ok and first and q <= l4end:
-                _l4(buf, q, l4end, nh, ints, want, i, want_dns, want_qname, qn_len, qn_buf)
+                _l4(buf, q, l4end, nh, ints, want, i, want_dns, want_qname, qn_len, qn_buf,
+                    want_an, an_addr, an_ok, an_len, an_buf)
     return sink
 
 
@@ -368,6 +438,7 @@ class TupleBatch:
     ints: np.ndarray  # (len(PACKET_INT_FIELDS), n) int32
     ips: dict[str, np.ndarray]  # name -> (n, 16) uint8
     strings: dict[str, pa.Array] = field(default_factory=dict)
+    ip_ok: dict[str, np.ndarray] = field(default_factory=dict)  # validity beside ip_version's
 
     def __len__(self) -> int:
         return len(self.ts_ns)
@@ -387,18 +458,24 @@ class TupleBatch:
         base, bits = key_field(name)
         if bits is not None:  # an address prefix key (src_ip/24)
             return mask_addresses(self.column(base), bits)
-        if name in ("src_ip", "dst_ip"):  # not unpacked for this plan
+        if name in _IP_FIELDS:  # not unpacked for this plan
             return np.zeros((len(self), 16), np.uint8)
         return self.ints[PACKET_INT_INDEX[name]]
 
     def ip_valid(self, name: str = "src_ip") -> np.ndarray:
-        """Which packets carry address field ``name`` (an IP packet carries both)."""
+        """Which packets carry address field ``name`` (an IP packet carries its source and
+        destination; a DNS answer its address)."""
+        base = key_field(name)[0]
+        if base in self.ip_ok:
+            return self.ip_ok[base]
+        if base in _IP_FIELDS and base not in ("src_ip", "dst_ip"):
+            return np.zeros(len(self), np.bool_)  # not unpacked for this plan
         return self.ints[C_IPV] >= 0
 
     def arrow(self, name: str) -> pa.Array:
         """One column as Arrow, with NULLs."""
         if key_field(name)[1] is not None:
-            return ip_arrow(self.column(name), self.ip_valid())
+            return ip_arrow(self.column(name), self.ip_valid(name))
         f = fields(self.stream)[name]
         if f.kind == STRING:  # not unpacked for this plan: NULL
             return self.strings.get(name, pa.nulls(len(self), pa.string()))
@@ -407,7 +484,7 @@ class TupleBatch:
         if f.kind == IP:
             if name not in self.ips:
                 return pa.nulls(len(self), pa.binary())
-            return ip_arrow(self.ips[name], self.ip_valid())
+            return ip_arrow(self.ips[name], self.ip_valid(name))
         col = self.column(name)
         if name == "time":
             return pa.array(col, type=pa.int64())
@@ -418,7 +495,8 @@ class TupleBatch:
         return TupleBatch(self.stream, self.ts_ns[idx], self.ints[:, idx],
                           {k: v[idx] for k, v in self.ips.items()},
                           {k: v.filter(pa.array(idx)) if np.asarray(idx).dtype == bool
-                           else v.take(pa.array(idx)) for k, v in self.strings.items()})
+                           else v.take(pa.array(idx)) for k, v in self.strings.items()},
+                          {k: v[idx] for k, v in self.ip_ok.items()})
 
 
 def _validity(valid: np.ndarray):
@@ -437,8 +515,9 @@ def ip_arrow(col: np.ndarray, valid: np.ndarray) -> pa.Array:
 
 _GROUP_OF = {f.name: f.group for f in fields("packets").values()}
 _ALL_FIELDS = frozenset(_GROUP_OF)
-_IP_DEEP = {"ip", "l4", "dns", "dns_name"}
-_L4_DEEP = {"l4", "dns", "dns_name"}
+_IP_DEEP = {"ip", "l4", "dns", "dns_name", "dns_an"}
+_L4_DEEP = {"l4", "dns", "dns_name", "dns_an"}
+_IP_FIELDS = tuple(f.name for f in fields("packets").values() if f.kind == IP)
 
 
 def unpack(raw, want: Iterable[str] | None = None) -> TupleBatch:
@@ -455,23 +534,35 @@ def unpack(raw, want: Iterable[str] | None = None) -> TupleBatch:
     want_int = np.array([f in names for f in PACKET_INT_FIELDS], dtype=np.bool_)
     want_src, want_dst = "src_ip" in names, "dst_ip" in names
     want_qname = "dns_qname" in names
-    want_dns = bool(groups & {"dns", "dns_name"})
+    want_dns = bool(groups & {"dns", "dns_name", "dns_an"})
+    want_an = "dns_an" in groups
+    want_an_name, want_an_addr = "dns_an_name" in names, "dns_an_addr" in names
     ints = np.full((len(PACKET_INT_FIELDS), n), NULL_INT, dtype=np.int32)
     src = np.zeros((n if want_src else 0, 16), dtype=np.uint8)
     dst = np.zeros((n if want_dst else 0, 16), dtype=np.uint8)
     qn_len = np.full(n if want_qname else 0, -1, dtype=np.int32)
     # rows are written only for DNS packets and read only up to their length: no zeroing
     qn_buf = np.empty((n if want_qname else 0, QNAME_STRIDE), dtype=np.uint8)
+    an_addr = np.zeros((n if want_an_addr else 0, 16), dtype=np.uint8)
+    an_ok = np.zeros(n if want_an_addr else 0, dtype=np.bool_)
+    an_len = np.full(n if want_an_name else 0, -1, dtype=np.int32)
+    an_buf = np.empty((n if want_an_name else 0, QNAME_STRIDE), dtype=np.uint8)
     unpack_packets(raw.buf, raw.offset, raw.caplen, raw.wirelen, raw.linktype, raw.iface,
                    want_int, want_src, want_dst, bool(groups & _IP_DEEP),
-                   bool(groups & _L4_DEEP), want_dns, want_qname, ints, src, dst, qn_len, qn_buf)
+                   bool(groups & _L4_DEEP), want_dns, want_qname, ints, src, dst, qn_len, qn_buf,
+                   want_an, an_addr, an_ok, an_len, an_buf)
     ips = {}
     if want_src:
         ips["src_ip"] = src
     if want_dst:
         ips["dst_ip"] = dst
     strings = {"dns_qname": _strings(qn_buf, qn_len)} if want_qname else {}
-    return TupleBatch("packets", raw.ts_ns.copy(), ints, ips, strings)
+    ip_ok = {}
+    if want_an_name:
+        strings["dns_an_name"] = _strings(an_buf, an_len)
+    if want_an_addr:
+        ips["dns_an_addr"], ip_ok["dns_an_addr"] = an_addr, an_ok
+    return TupleBatch("packets", raw.ts_ns.copy(), ints, ips, strings, ip_ok)
 
 
 @nb.njit(cache=True, nogil=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import struct
 
 import dpkt
 
@@ -74,7 +75,7 @@ FIELDS = ("time", "caplen", "eth_type", "vlan", "vlan_inner", "mpls_label", "ip_
           "src_ip", "dst_ip", "protocol", "ttl", "tos", "ip_id", "frag_offset", "more_fragments",
           "dont_fragment", "ip_len", "src_port", "dst_port", "tcp_flags", "icmp_type", "icmp_code",
           "dns_id", "dns_qr", "dns_opcode", "dns_rcode", "dns_qdcount", "dns_ancount",
-          "dns_qname")
+          "dns_qname", "dns_an_type", "dns_an_ttl", "dns_an_name", "dns_an_addr")
 
 
 def fields_of(ts: float, buf: bytes, linktype: int) -> dict:
@@ -128,12 +129,38 @@ def fields_of(ts: float, buf: bytes, linktype: int) -> dict:
     return out
 
 
+def _rr(rr) -> dict:
+    """DESIGN's answer fields of a dpkt resource record (TTL: RFC 2181's top-bit rule; the
+    address only when the record's data is whole)."""
+    addr = None
+    if rr.type == dpkt.dns.DNS_A and len(rr.rdata) == 4 and rr.rlen == 4:
+        addr = ip_text(rr.rdata)
+    elif rr.type == dpkt.dns.DNS_AAAA and len(rr.rdata) == 16 and rr.rlen == 16:
+        addr = ip_text(rr.rdata)
+    return {"dns_an_type": rr.type, "dns_an_ttl": 0 if rr.ttl >= 2**31 else rr.ttl,
+            "dns_an_name": rr.name.lower(), "dns_an_addr": addr}
+
+
+def _first_answer(payload: bytes, qd: int) -> dict:
+    """The first answer of a message dpkt cannot parse whole (cut by fragmentation): dpkt's
+    own question and record decoders from the header on."""
+    try:
+        d, off = dpkt.dns.DNS(), 12
+        for _ in range(qd):
+            _, off = d.unpack_q(payload, off)
+        rr, _ = d.unpack_rr(payload, off)
+        return _rr(rr)
+    except (dpkt.UnpackError, IndexError, ValueError, struct.error):
+        return {}
+
+
 def _dns(payload: bytes) -> dict:
     try:
         d = dpkt.dns.DNS(payload)
         return {"dns_qr": d.qr, "dns_id": d.id, "dns_opcode": d.opcode, "dns_rcode": d.rcode,
                 "dns_qdcount": len(d.qd), "dns_ancount": len(d.an),
-                "dns_qname": d.qd[0].name.lower() if d.qd else None}
+                "dns_qname": d.qd[0].name.lower() if d.qd else None,
+                **(_rr(d.an[0]) if d.an else {})}
     except (dpkt.UnpackError, IndexError):
         # e.g. the first IPv6 fragment of a large response: the whole message does not
         # parse, but DESIGN takes the header and question from first fragments; dpkt's
@@ -147,9 +174,10 @@ def _dns(payload: bytes) -> dict:
                 name = dpkt.dns.unpack_name(payload, 12)[0].lower()
             except (dpkt.UnpackError, IndexError):
                 name = None
+        an = int.from_bytes(payload[6:8], "big")
         return {"dns_qr": h.qr, "dns_id": h.id, "dns_opcode": h.opcode, "dns_rcode": h.rcode,
-                "dns_qdcount": qd, "dns_ancount": int.from_bytes(payload[6:8], "big"),
-                "dns_qname": name}
+                "dns_qdcount": qd, "dns_ancount": an, "dns_qname": name,
+                **(_first_answer(payload, qd) if an else {})}
 
 
 def packets(path) -> list[dict]:

@@ -248,7 +248,14 @@ SELECT time/10 AS t, sum(ip_len) AS ipb, min(ip_len) AS lo, max(ip_len) AS hi, c
 FROM packets GROUP BY time/10;
 -- name: by_len
 SELECT time/10 AS t, ip_len, count(DISTINCT src_ip) AS srcs, avg(ip_len) AS mean FROM packets
-WHERE protocol = 6 GROUP BY time/10, ip_len
+WHERE protocol = 6 GROUP BY time/10, ip_len;
+-- name: reflect
+SELECT time/10 AS t, dst_ip, count(DISTINCT src_ip) AS resolvers, count(*) AS n FROM packets
+WHERE dns_qr = 1 AND dns_an_type IN (1, 28) AND dns_an_ttl >= 0 GROUP BY time/10, dst_ip;
+-- name: ttls
+SELECT time/10 AS t, dns_an_name, dns_an_addr, count(DISTINCT dns_an_ttl) AS ttls,
+       min(wirelen) AS lo
+FROM packets WHERE regexp(dns_an_name, '.') GROUP BY time/10, dns_an_name, dns_an_addr
 """)
     res = replay(path, queries, tmp_path, spark)
     assert res.error is None
@@ -300,6 +307,15 @@ WHERE protocol = 6 GROUP BY time/10, ip_len
     assert {r["t"]: (r["ipb"], r["lo"], r["hi"], r["n"]) for r in got["lens"]} == {
         k[0]: (sum(ls), min(ls), max(ls), len(v)) for k, v in lens.items()
         for ls in [[p["ip_len"] for p, _ in v if p["ip_len"] is not None]]}
+    reflect = groups(lambda p: p["dns_qr"] == 1 and p["dns_an_type"] in (1, 28), ["dst_ip"])
+    assert reflect and {(r["t"], r["dst_ip"]): (r["resolvers"], r["n"])
+                        for r in got["reflect"]} == \
+        {k: (distinct(v, "src_ip"), len(v)) for k, v in reflect.items()}
+    ttls = groups(lambda p: p["dns_an_name"], ["dns_an_name", "dns_an_addr"])
+    assert any(k[2] is None for k in ttls) and any(k[2] for k in ttls), "A/AAAA and others"
+    assert {(r["t"], r["dns_an_name"], r["dns_an_addr"]): (r["ttls"], r["lo"])
+            for r in got["ttls"]} == \
+        {k: (distinct(v, "dns_an_ttl"), min(w for _, w in v)) for k, v in ttls.items()}
     by_len = groups(lambda p: p["protocol"] == 6, ["ip_len"])
     assert {(r["t"], r["ip_len"]): (r["srcs"], r["mean"]) for r in got["by_len"]} == \
         {k: (distinct(v, "src_ip"), k[1]) for k, v in by_len.items()}
