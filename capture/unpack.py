@@ -20,6 +20,7 @@ from capture.fields import (
     NULL_INT,
     PACKET_INT_FIELDS,
     PACKET_INT_INDEX,
+    SKETCH,
     STRING,
     TS,
     fields,
@@ -455,6 +456,8 @@ class TupleBatch:
             return self.time
         if name in self.ips:
             return self.ips[name]
+        if name.startswith(SKETCH):  # a sketch key reads its field
+            return self.column(name[1:])
         base, bits = key_field(name)
         if bits is not None:  # an address prefix key (src_ip/24)
             return mask_addresses(self.column(base), bits)
@@ -474,6 +477,8 @@ class TupleBatch:
 
     def arrow(self, name: str) -> pa.Array:
         """One column as Arrow, with NULLs."""
+        if name.startswith(SKETCH):
+            return self.arrow(name[1:])
         if key_field(name)[1] is not None:
             return ip_arrow(self.column(name), self.ip_valid(name))
         f = fields(self.stream)[name]

@@ -227,6 +227,9 @@ class LftaConfig(BaseModel):
                             "fraction of its slots is used")
     max_age_s: float = Field(60.0, gt=0, description="rows never wait longer than this in a "
                              "table (flushed whole)")
+    hll_lg_k: int = Field(12, ge=4, le=21, description="log2 of the registers of the "
+                          "HyperLogLog sketches of approx_count_distinct (DataSketches HLL_8: "
+                          "relative standard error about 1.04 / 2^(lg_k/2), 1.6 % at 12)")
 
 
 class SourceConfig(BaseModel):

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from capture.fields import IP, STRING, fields, key_field
+from capture.fields import IP, SKETCH, STRING, fields, key_field
 from capture.unpack import ip_arrow
 
 
@@ -60,7 +60,14 @@ class KeyLayout:
     def __init__(self, stream: str, keys, q_words: int):
         cat = fields(stream)
         self.stream = stream
-        self.keys = tuple(sorted(keys))
+        named = tuple(sorted(keys))
+        # a sketch key (~dst_ip) is named in the label but not packed: the row's ``hll``
+        # column holds it (at most one per node)
+        sketches = [k for k in named if k.startswith(SKETCH)]
+        if len(sketches) > 1:
+            raise ValueError(f"a node carries at most one sketch, not {sketches}")
+        self.sketch = sketches[0] if sketches else None
+        self.keys = tuple(k for k in named if not k.startswith(SKETCH))
         self.kinds = [cat[key_field(k)[0]].kind for k in self.keys]  # src_ip/24: an address
         strings = [k for k, kind in zip(self.keys, self.kinds, strict=True) if kind == STRING]
         if len(strings) > 1:
@@ -69,13 +76,29 @@ class KeyLayout:
         self.q_words = q_words
         self.field_words = sum(3 if k == IP else 1 for k in self.kinds)
         self.words = self.field_words + q_words  # fixed words: fields, then the pattern
-        self.label = f"{','.join(self.keys)}#{q_words}"
+        self.label = f"{','.join(named)}#{q_words}"
 
     @staticmethod
     @lru_cache(maxsize=1024)
     def parse(stream: str, label: str) -> KeyLayout:
         keys, _, words = label.rpartition("#")
         return KeyLayout(stream, tuple(k for k in keys.split(",") if k), int(words))
+
+    def table_keys(self) -> tuple[str, ...]:
+        """The fields an LFTA table of this node keys on: the packed keys and the sketched
+        field (its rows are merged per packed key, each with the field's sketch, on flush)."""
+        if self.sketch is None:
+            return self.keys
+        return tuple(sorted({*self.keys, self.sketch[1:]}))
+
+    def offsets(self) -> dict[str, tuple[int, int]]:
+        """Each packed key's (first word, words) among the field words."""
+        out, c = {}, 0
+        for name, kind in zip(self.keys, self.kinds, strict=True):
+            w = 3 if kind == IP else 1
+            out[name] = (c, w)
+            c += w
+        return out
 
     # -- packing (capture side)
     def field_words_of(self, tb, rows: np.ndarray) -> np.ndarray:

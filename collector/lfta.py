@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 import numba as nb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from capture.fields import IP, measures
+from capture.fields import IP, SKETCH, STRING, measures
 from collector.config import LftaConfig
 from collector.keys import KeyLayout
 from collector.spool import TS_US, aggregate_schema
@@ -170,6 +171,74 @@ def measure_arrays(meas: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     if not null.any():
         return meas, meas, meas
     return np.where(null, 0, meas), np.where(null, I64_MAX, meas), meas
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser over uint64 words."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def sketch_rows(p: Partials, strings: pa.Array | None, table: KeyLayout, spool: KeyLayout,
+                lg_k: int) -> tuple[Partials, pa.Array | None, pa.Array]:
+    """Rows keyed on the table's layout (one per value of the sketched field) merged into rows
+    of the spool's layout, each with a HyperLogLog sketch (Apache DataSketches, HLL_8,
+    ``lg_k``) of the values it merged: a value's sketch update is its integer, its address's
+    64-bit hash, or its string; NULL is not counted."""
+    import datasketches as ds
+
+    field = spool.sketch[len(SKETCH):]
+    at = table.offsets()
+    words = p.keys[:, 1:]
+    q = words[:, table.field_words:]
+    parts = [p.keys[:, :1]]
+    for name in spool.keys:
+        c, w = at[name]
+        parts.append(words[:, c:c + w])
+    if spool.string is not None:  # a string key beside the sketch: grouped by its value
+        parts.append(pc.dictionary_encode(pc.fill_null(strings, "\x00null")).indices
+                     .to_numpy(zero_copy_only=False).astype(np.int64).reshape(-1, 1))
+    parts.append(q)
+    group = np.concatenate(parts, axis=1)
+    uniq, first, inv = np.unique(group, axis=0, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    g = len(uniq)
+    cnt = np.zeros(g, np.int64)
+    np.add.at(cnt, inv, p.cnt)
+    sums = np.zeros((g, p.sums.shape[1]), np.int64)
+    np.add.at(sums, inv, p.sums)
+    mins = np.full((g, p.sums.shape[1]), I64_MAX, np.int64)
+    np.minimum.at(mins, inv, p.mins)
+    maxs = np.full((g, p.sums.shape[1]), I64_MIN, np.int64)
+    np.maximum.at(maxs, inv, p.maxs)
+    c, w = at[field]
+    kind = table.kinds[table.keys.index(field)]
+    if kind == IP:
+        valid = words[:, c] != 0
+        vals = _mix64(_mix64(words[:, c + 1].view(np.uint64)) ^
+                      words[:, c + 2].view(np.uint64)).view(np.int64)
+    elif kind == STRING:
+        s = strings  # the table's string key is the sketched field
+        valid = s.is_valid().to_numpy(zero_copy_only=False)
+        vals = np.array(s.to_pylist(), dtype=object)
+    else:
+        valid = words[:, c] >= 0
+        vals = words[:, c]
+    order = np.argsort(inv, kind="stable")
+    order = order[valid[order]]
+    bounds = np.searchsorted(inv[order], np.arange(g + 1))
+    values = vals[order].tolist()
+    blobs = []
+    for k in range(g):
+        sk = ds.hll_sketch(lg_k, ds.tgt_hll_type.HLL_8)
+        for v in values[bounds[k]:bounds[k + 1]]:
+            sk.update(v)
+        blobs.append(sk.serialize_compact())
+    keys = np.concatenate([uniq[:, :1 + spool.field_words], uniq[:, -q.shape[1]:]], axis=1) \
+        if q.shape[1] else uniq[:, :1 + spool.field_words]
+    out_strings = strings.take(pa.array(first)) if spool.string is not None else None
+    return Partials(keys, cnt, sums, mins, maxs), out_strings, pa.array(blobs, pa.binary())
 
 
 @dataclass
@@ -368,9 +437,14 @@ class NodeTable:
                  lfta: LftaConfig | None, chart: Chart | None = None,
                  history: int = 5, decay: float = 0.5):
         self.stream, self.period = stream, period
-        self.layout = KeyLayout(stream, keys, q_words)
+        self.spool_layout = KeyLayout(stream, keys, q_words)  # what the spool's rows carry
+        # what the table keys on: with a sketch key (~dst_ip), the sketched field too (its
+        # rows merge per packed key into one sketch each when they leave, ``sketch_rows``)
+        self.layout = self.spool_layout if self.spool_layout.sketch is None else \
+            KeyLayout(stream, self.spool_layout.table_keys(), q_words)
         self.keys, self.slots = self.layout.keys, sorted(slots)
-        self.name = f"{period}s/{','.join(self.keys) or '-'}/{'.'.join(map(str, self.slots))}"
+        self.name = f"{period}s/{','.join(sorted(keys)) or '-'}/" \
+            f"{'.'.join(map(str, self.slots))}"
         self.mask = slot_mask(slots, q_words)
         self.measures = [m.name for m in measures(stream)]
         self.lfta = lfta
@@ -508,13 +582,18 @@ class NodeTable:
     def to_spool(self, p: Partials, plan_version: int, probe: str,
                  strings: pa.Array | None = None) -> pa.Table:
         """Partial rows as a spool batch (DESIGN's spool schema)."""
+        hll = None
+        if self.spool_layout.sketch is not None and len(p):
+            p, strings, hll = sketch_rows(p, strings, self.layout, self.spool_layout,
+                                          self.lfta.hll_lg_k if self.lfta else 12)
         n = len(p)
         cols = [pa.array(p.keys[:, 0] * 1_000_000, TS_US),
                 pa.array(np.full(n, plan_version, np.int32)),
-                pa.array(np.full(n, self.layout.label), pa.string()),
-                self.layout.encode(p.keys[:, 1:], strings),
+                pa.array(np.full(n, self.spool_layout.label), pa.string()),
+                self.spool_layout.encode(p.keys[:, 1:], strings),
                 pa.array(p.cnt)]
         for m in range(len(self.measures)):
             cols += [pa.array(p.sums[:, m]), pa.array(p.mins[:, m]), pa.array(p.maxs[:, m])]
+        cols.append(hll if hll is not None else pa.nulls(n, pa.binary()))
         cols.append(pa.array(np.full(n, probe), pa.string()))
         return pa.Table.from_arrays(cols, schema=self.schema)

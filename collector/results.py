@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from sqlglot import exp
 
-from capture.fields import IP, TS, fields, ip_text, key_field, measures
+from capture.fields import IP, SKETCH, TS, fields, ip_text, key_field, measures
 from collector.keys import KeyLayout, binary_buffers
 from collector.spool import TS_US, qmask_words
 from planner.query import Query
@@ -78,7 +78,10 @@ def query_partials(stream: str, merged: pa.Table, resolve: Resolve
         if not label:
             continue  # punctuation
         rows = merged.filter(pc.equal(labels, label))
-        cols, pattern = KeyLayout.parse(stream, label).decode(rows.column("key"))
+        layout = KeyLayout.parse(stream, label)
+        cols, pattern = layout.decode(rows.column("key"))
+        if layout.sketch is not None:  # the node's rows carry a sketch of its field
+            cols[layout.sketch] = rows.column("hll")
         for slot in slots_of(np.bitwise_or.reduce(pattern, axis=0)):
             if slot not in queries:
                 queries[slot] = resolve(slot)
@@ -129,8 +132,8 @@ def finalize(query: Query, merged: pa.Table) -> pa.Table:
                 _ip_strings(col) if bits is None else _prefix_strings(col, bits)
         elif o.func == "count":
             cols[o.name] = pa.array(cnt, pa.int64())
-        elif o.func == "count_distinct":
-            name = f"distinct_{o.field}"
+        elif o.func in ("count_distinct", "approx_distinct"):
+            name = f"{'distinct' if o.func == 'count_distinct' else 'approx'}_{o.field}"
             cols[o.name] = pc.cast(merged.column(name), pa.int64()) \
                 if name in merged.column_names else pa.array([], pa.int64())  # no rows
         elif o.func == "avg":
@@ -190,7 +193,7 @@ def _compute(node: exp.Expression, table: pa.Table):
 
 def _output_type(query: Query, o) -> pa.DataType:
     """The Arrow type ``finalize`` gives an output column."""
-    if o.kind == "bucket" or o.func in ("count", "count_distinct"):
+    if o.kind == "bucket" or o.func in ("count", "count_distinct", "approx_distinct"):
         return pa.int64()
     if o.func == "avg":
         return pa.float64()
@@ -254,11 +257,34 @@ def merge_to_keys(query: Query, rows: pa.Table) -> pa.Table:
     # count(DISTINCT f): the rows come from a node that also groups by f (one row per value and
     # query-bit pattern), so the count is the number of distinct values of f (NULL not counted)
     aggs += [(f, "count_distinct") for f in query.distinct]
-    out = rows.select(keys + cols + [f for f in query.distinct if f not in keys]) \
+    # approx_count_distinct(f): the node's rows carry sketches of f (column ~f), united per
+    # group
+    sketches = [SKETCH + f for f in query.approx]
+    aggs += [(s, "list") for s in sketches]
+    out = rows.select(keys + cols + [f for f in query.distinct if f not in keys] + sketches) \
         .group_by(keys, use_threads=False).aggregate(aggs)
     names = {f"{c}_{f}": c for c, f in aggs}
     names.update({f"{f}_count_distinct": f"distinct_{f}" for f in query.distinct})
-    return out.rename_columns([names.get(c, c) for c in out.column_names])
+    out = out.rename_columns([names.get(c, c) for c in out.column_names])
+    for s in sketches:
+        out = out.append_column(f"approx_{s[len(SKETCH):]}",
+                                pa.array(estimates(out.column(s).to_pylist()),
+                                         pa.int64()))
+    return out
+
+
+def estimates(groups: list[list[bytes | None]], lg_max_k: int = 21) -> list[int]:
+    """The distinct-count estimate of each group's HyperLogLog sketches united (DataSketches),
+    rounded as Spark's approx_count_distinct is."""
+    import datasketches as ds
+    out = []
+    for blobs in groups:
+        u = ds.hll_union(lg_max_k)
+        for b in blobs or ():
+            if b is not None:
+                u.update(ds.hll_sketch.deserialize(b))
+        out.append(int(round(u.get_estimate())))
+    return out
 
 
 def order_rows(query: Query, table: pa.Table) -> pa.Table:

@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 
+from capture.fields import SKETCH
 from collector.keys import KeyLayout
 from planner.sizes import TupleSample, mix
 
@@ -17,7 +18,7 @@ def field_hashes(stream: str, tb, rows: np.ndarray, names) -> dict[str, np.ndarr
     """Per field, a uint64 hash of each of ``rows``' values (NULL hashes as itself)."""
     out = {}
     for name in names:
-        layout = KeyLayout(stream, (name,), 0)
+        layout = KeyLayout(stream, (name.lstrip(SKETCH),), 0)  # a sketch key: its field's
         words = layout.field_words_of(tb, rows)
         h = np.full(len(rows), 0x51ED270B27F5A3C1, np.uint64)
         for c in range(words.shape[1]):

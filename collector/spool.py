@@ -40,7 +40,8 @@ def aggregate_schema(stream: str) -> pa.Schema:
             pa.field("cnt", pa.int64())]
     for m in measures(stream):
         cols += [pa.field(f"{agg}_{m.name}", pa.int64()) for agg in ("sum", "min", "max")]
-    cols += [pa.field("probe", pa.string())]
+    # a node with a sketch key (~dst_ip): the row's HyperLogLog sketch (DataSketches, compact)
+    cols += [pa.field("hll", pa.binary()), pa.field("probe", pa.string())]
     return pa.schema(cols)
 
 

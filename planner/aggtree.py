@@ -210,6 +210,8 @@ def randomized(queries: dict[int, AggNode], size: SizeFn, hash_cost: HashCostFn,
                 if u != v and u.covers(v):
                     extra.add(AggNode(u.keys, v.slots))  # v's filter, u's attributes
                     extra.add(AggNode(v.keys, u.slots))  # v's attributes, u's filter
+        # a node's rows carry at most one sketch (approx_count_distinct's ~f keys)
+        extra = {v for v in extra if sum(k.startswith("~") for k in v.keys) <= 1}
         parent = steiner(sorted(keep | extra), terminals, size, hash_cost, out_cost,
                          stream_size)
         cost = tree_cost(parent, size, hash_cost, out_cost, stream_size)

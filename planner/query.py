@@ -15,7 +15,17 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Tokenizer, TokenType
 
-from capture.fields import INT32, INT64, IP, STRING, fields, ip_int, parse_prefix, prefix_network
+from capture.fields import (
+    INT32,
+    INT64,
+    IP,
+    SKETCH,
+    STRING,
+    fields,
+    ip_int,
+    parse_prefix,
+    prefix_network,
+)
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 NAME_LINE_RE = re.compile(r"^\s*--\s*name:\s*(\S+)\s*$")
@@ -163,7 +173,7 @@ class Output:
     name: str
     kind: str  # "bucket", "key", "agg"
     field: str | None = None  # key field or aggregated measure (None for count(*))
-    func: str | None = None  # count, sum, min, max, avg, count_distinct
+    func: str | None = None  # count, sum, min, max, avg, count_distinct, approx_distinct
 
 
 @dataclass(frozen=True)
@@ -209,7 +219,7 @@ class Query:
     @property
     def measures(self) -> tuple[str, ...]:
         return tuple(sorted({o.field for o in self.outputs if o.kind == "agg" and o.field
-                             and o.func != "count_distinct"}))
+                             and o.func not in ("count_distinct", "approx_distinct")}))
 
     @property
     def distinct(self) -> tuple[str, ...]:
@@ -217,11 +227,18 @@ class Query:
         return tuple(dict.fromkeys(o.field for o in self.outputs if o.func == "count_distinct"))
 
     @property
+    def approx(self) -> tuple[str, ...]:
+        """Fields counted by ``approx_count_distinct(f)`` (at most one per query)."""
+        return tuple(dict.fromkeys(o.field for o in self.outputs if o.func == "approx_distinct"))
+
+    @property
     def node_keys(self) -> tuple[str, ...]:
         """What the query's aggregate-tree node groups by: its keys, then the fields it counts
         distinct values of (an exact distinct count is derived from that finer node: the
-        number of its groups per key)."""
-        return tuple(dict.fromkeys((*self.keys, *self.distinct)))
+        number of its groups per key), then ``~f`` for an approximate count of f (the node's
+        rows carry a HyperLogLog sketch of f instead of a row per value)."""
+        return tuple(dict.fromkeys((*self.keys, *self.distinct,
+                                    *(SKETCH + f for f in self.approx))))
 
 
 @dataclass(eq=False)
@@ -654,6 +671,11 @@ class _Builder:
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise self.err(f"duplicate output column {sorted(dup)[0]!r}", st)
+        approx = {o.field for o in outputs if o.func == "approx_distinct"}
+        if len(approx) > 1:
+            raise self.err(f"one field per query for approx_count_distinct (a node's rows "
+                           f"carry one sketch), not {', '.join(sorted(approx))}; use "
+                           "count(DISTINCT f) or a query per field", st)
         having = self.having(st.args.get("having"), outputs)
         order = self.order(st.args.get("order"), outputs)
         limit = self.limit(st)
@@ -683,6 +705,12 @@ class _Builder:
 
     def agg(self, node: exp.AggFunc) -> tuple[str, str | None]:
         func = node.key.lower()
+        if func == "approxdistinct":  # approx_count_distinct(f): HyperLogLog (DataSketches)
+            f = self.field_name(node.this)
+            if not self.cat[f].groupable:
+                raise self.err(f"approx_count_distinct({f}) needs a field that can be grouped "
+                               "by", node.this)
+            return "approx_distinct", f
         if func not in AGG_FUNCS:
             raise self.err(f"aggregate {func}() is not supported (count, sum, min, max, avg)",
                            node)

@@ -9,7 +9,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from capture.fields import IP, NULL_INT, TS, ip_bytes, ip_text, key_field, mask_addresses
+from capture.fields import (
+    IP,
+    NULL_INT,
+    SKETCH,
+    TS,
+    ip_bytes,
+    ip_text,
+    key_field,
+    mask_addresses,
+)
 from capture.netflow.elements import C_TIME, FLOW_INT_FIELDS, FLOW_INT_INDEX, FLOW_IP_FIELDS, F
 from capture.unpack import ip_arrow
 
@@ -65,6 +74,8 @@ class FlowBatch:
     def column(self, name: str) -> np.ndarray:
         if name in FLOW_IP_FIELDS:
             return self.ips[FLOW_IP_FIELDS.index(name)]
+        if name.startswith(SKETCH):  # a sketch key reads its field
+            return self.column(name[1:])
         base, bits = key_field(name)
         if bits is not None:  # an address prefix key (src_ip/24)
             return mask_addresses(self.column(base), bits)
@@ -75,6 +86,8 @@ class FlowBatch:
         return self.ipset[FLOW_IP_FIELDS.index(key_field(name)[0])]
 
     def arrow(self, name: str) -> pa.Array:
+        if name.startswith(SKETCH):
+            return self.arrow(name[1:])
         if key_field(name)[1] is not None:
             return ip_arrow(self.column(name), self.ip_valid(name))
         f = F[name]

@@ -141,6 +141,9 @@ def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None) ->
         aggs += [F.sum(f"sum_{m.name}").alias(f"sum_{m.name}"),
                  F.min(f"min_{m.name}").alias(f"min_{m.name}"),
                  F.max(f"max_{m.name}").alias(f"max_{m.name}")]
+    # sketches of approx_count_distinct (NULL for nodes without one): Spark's own union of
+    # Apache DataSketches HLL sketches, so they merge across capture daemons
+    aggs.append(F.hll_union_agg("hll", True).alias("hll"))
     if watermark_delay_s is not None:  # streaming; a batch job (replay) has none
         df = df.withWatermark("window_start", f"{watermark_delay_s} seconds")
     return df.groupBy("window_start", "node", "key").agg(*aggs)

@@ -179,3 +179,50 @@ def test_node_table_merges_columns_as_it_merges_key_rows(name, keys):
     out_ref.append(ref.flush_all())
     assert merged(out_fused) == merged(out_ref)
     assert fused.table.stats.rows_in == ref.stats.rows_in > 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 30_000), st.integers(0, 3)),
+                min_size=1, max_size=8),
+       st.integers(0, 2**32), st.sampled_from([8, 12]))
+def test_hll_sketches_within_their_bound(spec, seed, lg_k):
+    """approx_count_distinct's path: rows keyed on (protocol, dst_port) as the LFTA flushes
+    them, in several flushes (or capture daemons), merged per protocol into DataSketches HLL
+    sketches (``sketch_rows``), united per group (``estimates``): every estimate lies within
+    three standard deviations of the exact distinct count, per the sketch's own bounds; cnt
+    and the measures are summed exactly."""
+    import datasketches as ds
+
+    from collector.keys import KeyLayout
+    from collector.lfta import sketch_rows
+    from collector.results import estimates
+    rng = np.random.default_rng(seed)
+    table, spool = KeyLayout("packets", ("dst_port", "protocol"), 1), \
+        KeyLayout("packets", ("protocol", "~dst_port"), 1)
+    exact: dict[int, set] = {}
+    counts: dict[int, int] = {}
+    blobs: dict[int, list] = {}
+    for proto, n, flushes in spec:
+        ports = rng.integers(0, 65536, n)
+        exact.setdefault(proto, set()).update(ports.tolist())
+        counts[proto] = counts.get(proto, 0) + n
+        for part in np.array_split(ports, flushes + 1):
+            if not len(part):
+                continue
+            keys = np.column_stack([np.full(len(part), 60), part, np.full(len(part), proto),
+                                    np.full(len(part), 1)]).astype(np.int64)
+            meas = np.ones((len(part), 1), np.int64)
+            p, _, hll = sketch_rows(Partials(keys, np.ones(len(part), np.int64), meas, meas,
+                                             meas), None, table, spool, lg_k)
+            assert len(p) == 1 and p.keys[0].tolist() == [60, proto, 1]
+            assert p.cnt[0] == len(part) and p.sums[0, 0] == len(part)
+            blobs.setdefault(proto, []).append(hll[0].as_py())
+    protos = sorted(blobs)
+    got = estimates([blobs[k] for k in protos])
+    for proto, est in zip(protos, got, strict=True):
+        u = ds.hll_union(21)
+        for b in blobs[proto]:
+            u.update(ds.hll_sketch.deserialize(b))
+        assert est == round(u.get_estimate())
+        assert u.get_lower_bound(3) <= len(exact[proto]) <= u.get_upper_bound(3), \
+            (proto, est, len(exact[proto]))
