@@ -24,7 +24,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from capture.errors import CaptureError
-from capture.fields import IP, TS, fields, ip_text
+from capture.fields import BYTES, IP, TS, fields, ip_text
 from capture.netflow import DEFAULT_FLOW_PORTS
 from collector.spool import SpoolFull
 from planner.query import QueryError
@@ -379,6 +379,8 @@ def _cell(kind: str, v, for_json: bool):
         return None if for_json else ""
     if kind == IP:
         return ip_text(v)
+    if kind == BYTES:  # payload bytes as hex, as the results print them
+        return v.hex()
     if kind == TS:
         s = f"{v // 1_000_000_000}.{v % 1_000_000_000:09d}"
         return float(s) if for_json else s
@@ -396,8 +398,9 @@ def _write_rows(out, writer, names: list[str], kinds: list[str], cols: list[list
 
 
 def _field_names(stream: str, text: str | None) -> list[str]:
-    cat = fields(stream)
-    names = list(cat) if not text else [f.strip() for f in text.split(",")]
+    cat = fields(stream)  # by default every field but the payload bytes (ask for them)
+    names = [n for n, f in cat.items() if f.kind != BYTES] if not text else \
+        [f.strip() for f in text.split(",")]
     bad = [n for n in names if n not in cat]
     if bad:
         raise CliError(f"unknown {stream} field {bad[0]!r} (fields: {', '.join(cat)})")

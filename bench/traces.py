@@ -117,14 +117,17 @@ def dns_table() -> tuple[np.ndarray, np.ndarray]:
     return table, np.array([len(b) for b in bodies])
 
 
-def write_pcap(path: Path, p: dict, snap: int, chunk: int = 500_000) -> None:
-    """The packets of ``p`` (in time order) as a pcap with snap length ``snap``."""
+def write_pcap(path: Path, p: dict, snap: int, chunk: int = 500_000, patch=None) -> None:
+    """The packets of ``p`` (in time order) as a pcap with snap length ``snap``; ``patch(m,
+    rows)`` may rewrite a chunk's frame bytes before they are written."""
     n = len(p["ts_us"])
     with open(path, "wb") as fh:
         fh.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, snap, 1))
         for lo in range(0, n, chunk):
             rows = np.arange(lo, min(n, lo + chunk))
             m, cap = frames(p, rows, snap)
+            if patch is not None:
+                patch(m, rows)
             k = len(rows)
             head = np.empty((k, 4), "<u4")
             head[:, 0] = p["ts_us"][rows] // 1_000_000

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 # Kinds: how a field is held in numba (column) and in Arrow/Spark.
-INT32, INT64, IP, TS, STRING = "int32", "int64", "ip", "ts", "string"
+INT32, INT64, IP, TS, STRING, BYTES = "int32", "int64", "ip", "ts", "string", "bytes"
 
 # NULL in an integer column of a TupleBatch: every catalogue integer is non-negative.
 NULL_INT = -1
@@ -24,6 +24,7 @@ ARROW_TYPES = {
     IP: pa.binary(),  # 16 bytes; IPv4 as IPv4-mapped (::ffff:a.b.c.d)
     TS: pa.timestamp("us", tz="UTC"),
     STRING: pa.string(),
+    BYTES: pa.binary(),
 }
 
 
@@ -49,7 +50,7 @@ class Field:
     def variable_offset(self) -> bool:
         """Fields found by walking variable-length data (names, DNS answers past the question
         section): expensive to unpack and to test, never prefilter bits."""
-        return self.kind == STRING or self.group == "dns_an"
+        return self.kind in (STRING, BYTES) or self.group == "dns_an"
 
 
 def _f(name, stream, kind, group, cost, group_cost, groupable, measure, doc):
@@ -100,6 +101,8 @@ PACKET_FIELDS: tuple[Field, ...] = (
        "first answer record's owner name, lower case, no trailing dot"),
     _f("dns_an_addr", P, IP, "dns_an", 40, 1, True, False,
        "first answer record's address (A or AAAA)"),
+    _f("payload", P, BYTES, "payload", 30, 30, False, False,
+       "captured bytes after the TCP, UDP, SCTP or ICMP header (contains() tests them)"),
 )
 
 F = "flows"
@@ -143,7 +146,8 @@ FLOW_FIELDS: tuple[Field, ...] = (
 # Prefilter paper, section 2.4: the planner covers the fields a plan needs with groups and single
 # fields by weighted set cover (planner/unpacking.py).
 GROUP_BASE: dict[str, float] = {
-    "meta": 0, "link": 1, "ip": 2, "l4": 3, "dns": 4, "dns_name": 0, "dns_an": 40, "flow": 0,
+    "meta": 0, "link": 1, "ip": 2, "l4": 3, "dns": 4, "dns_name": 0, "dns_an": 40, "payload": 3,
+    "flow": 0,
 }
 
 STREAMS: dict[str, dict[str, Field]] = {

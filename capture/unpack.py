@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from capture.fields import (
+    BYTES,
     IP,
     NULL_INT,
     PACKET_INT_FIELDS,
@@ -192,7 +193,12 @@ def _dns(buf, d, end, ints, want, i, want_qname, qn_len, qn_buf, want_an, an_add
 
 @nb.njit(cache=True, inline="always")
 def _l4(buf, p, end, proto, ints, want, i, want_dns, want_qname, qn_len, qn_buf, want_an,
-        an_addr, an_ok, an_len, an_buf):
+        an_addr, an_ok, an_len, an_buf, pl_off, pl_len):
+    if pl_len.shape[0]:  # the payload after the L4 header (TCP's own length, set below)
+        head = 8 if proto == 17 or proto == 1 or proto == 58 else 12 if proto == 132 else -1
+        if head > 0 and p + head <= end:
+            pl_off[i] = p + head
+            pl_len[i] = end - p - head
     if proto == 6 or proto == 17 or proto == 132:
         if p + 4 > end:
             return
@@ -204,6 +210,11 @@ def _l4(buf, p, end, proto, ints, want, i, want_dns, want_qname, qn_len, qn_buf,
             if p + 14 > end:
                 return
             _put(ints, want, C_TCPF, i, buf[p + 13])
+            if pl_len.shape[0]:
+                hl = (np.int64(buf[p + 12]) >> 4) * 4
+                if hl >= 20 and p + hl <= end:
+                    pl_off[i] = p + hl
+                    pl_len[i] = end - p - hl
             if want_dns and (sp == 53 or dp == 53 or sp == 5353 or dp == 5353):
                 doff = (np.int64(buf[p + 12]) >> 4) * 4
                 if doff >= 20 and p + doff + 2 + 12 <= end:
@@ -301,7 +312,7 @@ def link_walk(buf, p, end, linktype):
 @nb.njit(cache=True)
 def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_src, want_dst,
                    walk_ip, walk_l4, want_dns, want_qname, ints, src, dst, qn_len, qn_buf,
-                   want_an, an_addr, an_ok, an_len, an_buf):
+                   want_an, an_addr, an_ok, an_len, an_buf, pl_off, pl_len):
     """Decode every record of a batch into the caller-allocated columns (NULL = -1).
 
     ``want`` says which integer columns to write; the walk flags say how deep to decode (the
@@ -365,7 +376,7 @@ def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_s
                 l4end = p + tot
             if walk_l4 and foff == 0 and p + ihl <= l4end:
                 _l4(buf, p + ihl, l4end, proto, ints, want, i, want_dns, want_qname, qn_len,
-                    qn_buf, want_an, an_addr, an_ok, an_len, an_buf)
+                    qn_buf, want_an, an_addr, an_ok, an_len, an_buf, pl_off, pl_len)
         elif et == 0x86DD:
             if p + 40 > end or (buf[p] >> 4) != 6:
                 continue
@@ -426,7 +437,7 @@ def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_s
                 _put(ints, want, C_IPID, i, fid)
             if walk_l4 and ok and first and q <= l4end:
                 _l4(buf, q, l4end, nh, ints, want, i, want_dns, want_qname, qn_len, qn_buf,
-                    want_an, an_addr, an_ok, an_len, an_buf)
+                    want_an, an_addr, an_ok, an_len, an_buf, pl_off, pl_len)
     return sink
 
 
@@ -482,8 +493,8 @@ class TupleBatch:
         if key_field(name)[1] is not None:
             return ip_arrow(self.column(name), self.ip_valid(name))
         f = fields(self.stream)[name]
-        if f.kind == STRING:  # not unpacked for this plan: NULL
-            return self.strings.get(name, pa.nulls(len(self), pa.string()))
+        if f.kind in (STRING, BYTES):  # not unpacked for this plan: NULL
+            return self.strings.get(name, pa.nulls(len(self), f.arrow_type))
         if f.kind == TS:
             return pa.array(self.ts_ns // 1000, type=pa.timestamp("us", tz="UTC"))
         if f.kind == IP:
@@ -520,8 +531,8 @@ def ip_arrow(col: np.ndarray, valid: np.ndarray) -> pa.Array:
 
 _GROUP_OF = {f.name: f.group for f in fields("packets").values()}
 _ALL_FIELDS = frozenset(_GROUP_OF)
-_IP_DEEP = {"ip", "l4", "dns", "dns_name", "dns_an"}
-_L4_DEEP = {"l4", "dns", "dns_name", "dns_an"}
+_IP_DEEP = {"ip", "l4", "dns", "dns_name", "dns_an", "payload"}
+_L4_DEEP = {"l4", "dns", "dns_name", "dns_an", "payload"}
 _IP_FIELDS = tuple(f.name for f in fields("packets").values() if f.kind == IP)
 
 
@@ -552,10 +563,13 @@ def unpack(raw, want: Iterable[str] | None = None) -> TupleBatch:
     an_ok = np.zeros(n if want_an_addr else 0, dtype=np.bool_)
     an_len = np.full(n if want_an_name else 0, -1, dtype=np.int32)
     an_buf = np.empty((n if want_an_name else 0, QNAME_STRIDE), dtype=np.uint8)
+    want_payload = "payload" in names
+    pl_off = np.zeros(n if want_payload else 0, dtype=np.int64)
+    pl_len = np.full(n if want_payload else 0, -1, dtype=np.int64)
     unpack_packets(raw.buf, raw.offset, raw.caplen, raw.wirelen, raw.linktype, raw.iface,
                    want_int, want_src, want_dst, bool(groups & _IP_DEEP),
                    bool(groups & _L4_DEEP), want_dns, want_qname, ints, src, dst, qn_len, qn_buf,
-                   want_an, an_addr, an_ok, an_len, an_buf)
+                   want_an, an_addr, an_ok, an_len, an_buf, pl_off, pl_len)
     ips = {}
     if want_src:
         ips["src_ip"] = src
@@ -567,6 +581,8 @@ def unpack(raw, want: Iterable[str] | None = None) -> TupleBatch:
         strings["dns_an_name"] = _strings(an_buf, an_len)
     if want_an_addr:
         ips["dns_an_addr"], ip_ok["dns_an_addr"] = an_addr, an_ok
+    if want_payload:
+        strings["payload"] = _slices(raw.buf, pl_off, pl_len)
     return TupleBatch("packets", raw.ts_ns.copy(), ints, ips, strings, ip_ok)
 
 
@@ -580,6 +596,30 @@ def _pack_rows(buf, lengths, offsets, data):
             data[pos + k] = buf[i, k]
         pos += max(lengths[i], 0)
     offsets[lengths.shape[0]] = pos
+
+
+@nb.njit(cache=True, nogil=True)
+def _gather(buf, starts, lengths, offsets, data):
+    """Slices of ``buf`` back to back (the Arrow binary layout)."""
+    pos = 0
+    for i in range(lengths.shape[0]):
+        offsets[i] = pos
+        for k in range(max(lengths[i], 0)):
+            data[pos + k] = buf[starts[i] + k]
+        pos += max(lengths[i], 0)
+    offsets[lengths.shape[0]] = pos
+
+
+def _slices(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """Slices of the batch's buffer as an Arrow binary array (length -1 = NULL)."""
+    n = len(lengths)
+    offsets = np.empty(n + 1, dtype=np.int32)
+    data = np.empty(int(np.maximum(lengths, 0).sum()), dtype=np.uint8)
+    _gather(buf, starts, lengths, offsets, data)
+    valid = lengths >= 0
+    return pa.Array.from_buffers(pa.binary(), n, [_validity(valid), pa.py_buffer(offsets),
+                                                  pa.py_buffer(data)],
+                                 null_count=int((~valid).sum()))
 
 
 def _strings(buf: np.ndarray, lengths: np.ndarray) -> pa.Array:

@@ -25,8 +25,10 @@ from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from capture.fields import IP, STRING, fields, prefix_mask, split128
+from capture.fields import BYTES, IP, STRING, fields, prefix_mask, split128
 from capture.unpack import TupleBatch
 from collector import functions, tables
 from collector.prefilter import ip_words
@@ -76,6 +78,9 @@ def _value_test(a: Atom, kind: str) -> Callable[[object], bool]:
     if a.op == "regexp":
         rx = _regex(a.values[0])
         return lambda v: rx.search(v) is not None
+    if a.op == "contains":
+        needle = a.values[0]
+        return lambda v: needle in v
     if a.op in ("=", "in"):
         vals = set(a.values)
         return vals.__contains__
@@ -89,6 +94,11 @@ def eval_atom(a: Atom, stream: str, tb: TupleBatch, rows: np.ndarray,
               cache: ValueCache | None = None) -> np.ndarray:
     """The atom on the given rows (NULL is false, negated or not)."""
     kind = fields(stream)[a.field].kind
+    if kind == BYTES:  # contains(payload, …): one vectorised search (payloads rarely repeat)
+        col = tb.arrow(a.field).take(pa.array(rows))
+        hit = pc.match_substring(col, a.values[0]).fill_null(False)
+        valid = col.is_valid().to_numpy(zero_copy_only=False)
+        return (hit.to_numpy(zero_copy_only=False) != a.negated) & valid
     if a.op == "call" or kind == STRING:
         values, idx = functions.distinct(stream, a.field, tb, rows)
         test = _value_test(a, kind)

@@ -16,6 +16,7 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Tokenizer, TokenType
 
 from capture.fields import (
+    BYTES,
     INT32,
     INT64,
     IP,
@@ -29,7 +30,7 @@ from capture.fields import (
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 NAME_LINE_RE = re.compile(r"^\s*--\s*name:\s*(\S+)\s*$")
-RESIDUAL_OPS = ("table", "call")  # decided by collector/residual.py only, never by a bit
+RESIDUAL_OPS = ("table", "call", "contains")  # decided by collector/residual.py only
 USER_PREDICATE_COST = 50.0  # a Python call per value (cached by value)
 MAX_CONJUNCTS = 256  # conditions ANDed in one WHERE or HAVING (1,000 would be no real query)
 # sqlglot's expression classes as the operators people wrote (for its "missing" errors)
@@ -114,6 +115,8 @@ class Atom:
                 f"{self.values[1]}"
         if self.op == "regexp":
             return f"{not_}regexp({self.field}, {_lit(self.values[0])})"
+        if self.op == "contains":
+            return f"{not_}contains({self.field}, {_lit(self.values[0])})"
         if self.op == "table":
             return f"{not_}in_table({self.field}, {_lit(self.values[0])})"
         if self.op == "call":
@@ -151,6 +154,8 @@ class Predicate:
             f = cat[a.field]
             if a.op == "regexp":
                 total += 100
+            elif a.op == "contains":
+                total += 20 + f.cost  # a substring search of variable-length data
             elif a.op == "table":
                 total += 30  # a search per prefix length in the table
             elif a.op == "call":
@@ -617,8 +622,9 @@ class _Builder:
         outputs = []
         for item in st.expressions:
             node, alias = (item.this, item.alias) if isinstance(item, exp.Alias) else (item, None)
-            if isinstance(node, exp.Star):
-                outputs.extend(Output(f.name, "key", f.name) for f in self.cat.values())
+            if isinstance(node, exp.Star):  # every field but the payload bytes
+                outputs.extend(Output(f.name, "key", f.name) for f in self.cat.values()
+                               if f.kind != BYTES)
                 continue
             f = self.field_name(node)
             outputs.append(Output(alias or f, "key", f))
@@ -848,6 +854,16 @@ class _Builder:
             fname = (node.name if isinstance(node, exp.Anonymous) else node.key).lower()
             args = node.expressions if isinstance(node, exp.Anonymous) else \
                 [a for a in (node.this, node.args.get("expression")) if a is not None]
+            if fname == "contains" and len(args) == 2:
+                f = self.field_name(args[0])
+                lit = args[1]
+                if self.cat[f].kind not in (STRING, BYTES):
+                    raise self.err(f"contains() tests text in payload or a string field, not "
+                                   f"{f}", args[0])
+                if not (isinstance(lit, exp.Literal) and lit.is_string and lit.this):
+                    raise self.err("contains() takes a non-empty quoted string as its second "
+                                   "argument", lit)
+                return Atom(f, "contains", (lit.this,), negated)
             if fname in ("in_prefix", "in_table", "regexp", "regexplike", "regexp_like") and \
                     len(args) == 2:
                 f = self.field_name(args[0])
@@ -888,8 +904,8 @@ class _Builder:
                                        "numbers", lit)
                     consts.append(v if isinstance(v, str) else int(v))
                 return Atom(f, "call", (fname, *consts), negated)
-            raise self.err(f"unknown function {fname}() (in_prefix, in_table, regexp, or a "
-                           "user predicate on a field)", node)
+            raise self.err(f"unknown function {fname}() (in_prefix, in_table, regexp, "
+                           "contains, or a user predicate on a field)", node)
         raise self.err(f"not a base predicate: {node.sql()!r}", node)
 
     def bit_test(self, band: exp.BitwiseAnd, op: str, right, negated: bool) -> Atom:

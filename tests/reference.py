@@ -75,7 +75,7 @@ FIELDS = ("time", "caplen", "eth_type", "vlan", "vlan_inner", "mpls_label", "ip_
           "src_ip", "dst_ip", "protocol", "ttl", "tos", "ip_id", "frag_offset", "more_fragments",
           "dont_fragment", "ip_len", "src_port", "dst_port", "tcp_flags", "icmp_type", "icmp_code",
           "dns_id", "dns_qr", "dns_opcode", "dns_rcode", "dns_qdcount", "dns_ancount",
-          "dns_qname", "dns_an_type", "dns_an_ttl", "dns_an_name", "dns_an_addr")
+          "dns_qname", "dns_an_type", "dns_an_ttl", "dns_an_name", "dns_an_addr", "payload")
 
 
 def fields_of(ts: float, buf: bytes, linktype: int) -> dict:
@@ -114,6 +114,14 @@ def fields_of(ts: float, buf: bytes, linktype: int) -> dict:
             out.update(frag_offset=frag.frag_off * 8, more_fragments=frag.m_flag,
                        ip_id=frag.id & 0x7FFFFFFF)
         l4 = net.data if frag is None or frag.frag_off == 0 else None
+    if isinstance(l4, dpkt.tcp.TCP | dpkt.udp.UDP):
+        # after the header (TCP's data offset, UDP's 8); none when the header is cut short
+        cut = isinstance(l4, dpkt.tcp.TCP) and len(l4.opts) < l4.off * 4 - 20
+        out["payload"] = None if cut else bytes(l4.data)
+    elif isinstance(l4, dpkt.sctp.SCTP):
+        out["payload"] = bytes(l4)[12:]
+    elif isinstance(l4, dpkt.icmp.ICMP | dpkt.icmp6.ICMP6):
+        out["payload"] = bytes(l4)[8:] if len(bytes(l4)) >= 8 else None
     if isinstance(l4, dpkt.tcp.TCP | dpkt.udp.UDP | dpkt.sctp.SCTP):
         out["src_port"], out["dst_port"] = l4.sport, l4.dport
         if isinstance(l4, dpkt.tcp.TCP):

@@ -67,8 +67,13 @@ ATOMS = [
      and re.search("local$", p["dns_an_name"]) is not None),
     ("NOT in_prefix(dns_an_addr, '10.0.0.0/8')", lambda p: p["dns_an_addr"] is not None and
      ipaddress.ip_address(p["dns_an_addr"]) not in ipaddress.ip_network("10.0.0.0/8")),
+    ("contains(payload, 'HTTP/1.1')", lambda p: p["payload"] is not None
+     and b"HTTP/1.1" in p["payload"]),
+    ("NOT contains(payload, 'a')", lambda p: p["payload"] is not None and b"a" not in p["payload"]),
+    ("contains(dns_qname, 'wiki')", lambda p: p["dns_qname"] is not None
+     and "wiki" in p["dns_qname"]),
 ]
-EXPENSIVE = ("dns_qname", "dns_an_")  # residual only: never prefilter bits
+EXPENSIVE = ("dns_qname", "dns_an_", "payload")  # residual only: never prefilter bits
 
 
 @cache

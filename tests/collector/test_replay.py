@@ -256,6 +256,11 @@ FROM packets WHERE protocol = 17 OR protocol = 6 GROUP BY time/10, src_ip
 HAVING approx_count_distinct(dst_ip) >= 1;
 -- name: names_approx
 SELECT time/10 AS t, approx_count_distinct(dns_qname) AS names FROM packets GROUP BY time/10;
+-- name: http_get
+SELECT time/10 AS t, dst_ip, count(*) AS n FROM packets
+WHERE dst_port = 80 AND contains(payload, 'GET /') GROUP BY time/10, dst_ip;
+-- name: ssh_banner
+SELECT ts, src_ip, payload FROM packets WHERE contains(payload, 'SSH-2.0');
 -- name: reflect
 SELECT time/10 AS t, dst_ip, count(DISTINCT src_ip) AS resolvers, count(*) AS n FROM packets
 WHERE dns_qr = 1 AND dns_an_type IN (1, 28) AND dns_an_ttl >= 0 GROUP BY time/10, dst_ip;
@@ -321,6 +326,13 @@ FROM packets WHERE regexp(dns_an_name, '.') GROUP BY time/10, dns_an_name, dns_a
     assert {r["t"]: (r["ipb"], r["lo"], r["hi"], r["n"]) for r in got["lens"]} == {
         k[0]: (sum(ls), min(ls), max(ls), len(v)) for k, v in lens.items()
         for ls in [[p["ip_len"] for p, _ in v if p["ip_len"] is not None]]}
+    gets = groups(lambda p: p["dst_port"] == 80 and b"GET /" in (p["payload"] or b""),
+                  ["dst_ip"])
+    assert gets and {(r["t"], r["dst_ip"]): r["n"] for r in got["http_get"]} == \
+        {k: len(v) for k, v in gets.items()}
+    banners = [p for p in pkts if b"SSH-2.0" in (p["payload"] or b"")]
+    assert banners and [(r["src_ip"], r["payload"]) for r in got["ssh_banner"]] == \
+        [(p["src_ip"], p["payload"].hex()) for p in banners]  # bytes print as hex
     reflect = groups(lambda p: p["dns_qr"] == 1 and p["dns_an_type"] in (1, 28), ["dst_ip"])
     assert reflect and {(r["t"], r["dst_ip"]): (r["resolvers"], r["n"])
                         for r in got["reflect"]} == \

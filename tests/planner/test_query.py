@@ -77,6 +77,12 @@ def test_normalised_predicates_are_one(a, b):
      81, "prefix length"),
     ("SELECT time/60, prefix(src_ip, 24) FROM packets GROUP BY time/60, prefix(src_ip, 16)",
      1, 17, "must appear in GROUP BY"),
+    ("SELECT ts FROM packets WHERE contains(ttl, 'x')", 1, 39, "not ttl"),
+    ("SELECT ts FROM packets WHERE contains(payload, '')", 1, 48, "non-empty quoted string"),
+    ("SELECT time/60, src_ip, approx_count_distinct(dst_ip) AS a, approx_count_distinct("
+     "dst_port) AS b FROM packets GROUP BY time/60, src_ip", 1, 8, "one field per query"),
+    ("SELECT time/60, payload, count(*) FROM packets GROUP BY time/60, payload", 1, 66,
+     "cannot be grouped by"),
 ])
 def test_errors_name_line_and_column(sql, line, col, reason):
     with pytest.raises(QueryError) as e:
