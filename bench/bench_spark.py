@@ -101,28 +101,33 @@ class TreeRss:
                 "peak_rss_total_mib": self.peak_total / 2**20}
 
 
+def start_spark(app_name: str):
+    """Spark as the daemon starts it (default settings), timed: (session, JVM start s)."""
+    from collector.config import Settings, cache_dir
+    from collector.spark.job import build_session, class_archive_path
+    s = Settings(initial_queries=None).spark
+    t0 = time.perf_counter()
+    spark = build_session(s.master, s.driver_memory, s.shuffle_partitions,
+                          s.state_store == "rocksdb", app_name=app_name,
+                          class_archive=class_archive_path(cache_dir()), quick_start=True)
+    return spark, time.perf_counter() - t0
+
+
 def _sql(kind: str, p: dict) -> str:
     return backbone_sql(p) if kind == "backbone" else peer_sql()
 
 
 def run_one(mode: str, kind: str, n: int, nq: int, out: Path) -> None:
     """One measured run in this (fresh) process; writes its figures and answers to ``out``."""
-    from collector.config import Settings, cache_dir
+    from collector.config import Settings
     from collector.results import rows_of
-    from collector.spark.job import build_session, class_archive_path
 
     path, p = trace(kind, n, CACHE)
     queries = parse_queries(_sql(kind, p))[:nq]
     packets = len(p["proto"])
     del p  # the generator's arrays are the orchestrator's truth, not part of this run
     rss = TreeRss()
-    settings = Settings(initial_queries=None)
-    t0 = time.perf_counter()
-    spark = build_session(settings.spark.master, settings.spark.driver_memory,
-                          settings.spark.shuffle_partitions,
-                          settings.spark.state_store == "rocksdb", app_name="bench-spark",
-                          class_archive=class_archive_path(cache_dir()), quick_start=True)
-    jvm_s = time.perf_counter() - t0
+    spark, jvm_s = start_spark("bench-spark")
     work = Path(tempfile.mkdtemp(prefix=f"bench-spark-{mode}-", dir=CACHE))
     stages: dict[str, float] = {}
     t1 = time.perf_counter()
@@ -152,20 +157,15 @@ def run_one(mode: str, kind: str, n: int, nq: int, out: Path) -> None:
     out.write_text(json.dumps(doc))
 
 
-def _naive(spark, path, queries, work: Path, stages: dict, t1: float):
-    """Decoded tuples as Parquet, then one streaming aggregation per query (all at once, as
-    a PySpark user starts them). Returns (answers, rows read by Spark, finished)."""
+def raw_parquet(spark, path, need: list[str], work: Path):
+    """A naive PySpark user's input: the capture's tuples (flowsieve's decoder, the fields
+    ``need``) as Parquet in ``work/raw``, and a one-row stream ``work/punctuation`` whose time
+    lies beyond every window. Returns (raw folder, punctuation folder, Spark schema, tuples)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from pyspark.sql import functions as F
 
     from capture.pcap import open_capture
     from capture.unpack import unpack
-    from collector.results import finalize, rows_of
-    from planner.plan import build_plan
-
-    need = sorted(build_plan(queries, asc_min_constants=None).unpack_fields("packets")
-                  - {"ts"})
     raw = work / "raw"
     raw.mkdir()
     parts, rows, last = [], 0, 0
@@ -189,6 +189,21 @@ def _naive(spark, path, queries, work: Path, stages: dict, t1: float):
     pq.write_table(pa.table({f: pa.array([last + 7200 if f == "time" else None],
                                          schema.field(f).type) for f in need}),
                    punct / "punctuation.parquet")
+    return raw, punct, spark_schema, rows
+
+
+def _naive(spark, path, queries, work: Path, stages: dict, t1: float):
+    """Decoded tuples as Parquet, then one streaming aggregation per query (all at once, as
+    a PySpark user starts them). Returns (answers, rows read by Spark, finished)."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    from collector.results import finalize, rows_of
+    from planner.plan import build_plan
+
+    need = sorted(build_plan(queries, asc_min_constants=None).unpack_fields("packets")
+                  - {"ts"})
+    raw, punct, spark_schema, rows = raw_parquet(spark, path, need, work)
     stages["spark"] = time.perf_counter() - t1
     got: dict[str, list] = {q.name: [] for q in queries}
     running = []

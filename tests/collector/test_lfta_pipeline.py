@@ -104,6 +104,16 @@ def test_two_daemons_share_one_spool(spark, tmp_path):
     # tables, not OM's choice for so little traffic (pass-through): partials from both
     plan = build_plan(queries, **Settings(initial_queries=None,
                                           om={"enabled": False}).plan_options())
+    engines = two_daemons(spark, tmp_path, plan, path)
+    assert all(e.lfta_usage()[0] == 0 for e in engines)  # everything reached the spool
+    got = answers_of([(qp.query, read_results(tmp_path / "results", qp.query))
+                      for qp in plan.queries])
+    assert got == reference(recs)
+
+
+def two_daemons(spark, tmp_path, plan, path) -> list[Engine]:
+    """Two engines take alternate packets of the capture into one spool (each holding
+    partials in its tables until the end); Spark's streaming merge answers them."""
     spool = Spool(tmp_path / "spool")
     engines = [Engine(spool, "packets", probe=f"probe{i}", watermark_delay_s=5)
                for i in range(2)]
@@ -115,14 +125,11 @@ def test_two_daemons_share_one_spool(spark, tmp_path):
     assert all(e.lfta_usage()[0] > 0 and e.lfta_usage()[1] > 0 for e in engines)
     for e in engines:
         e.finish()
-    assert all(e.lfta_usage()[0] == 0 for e in engines)  # everything reached the spool
     slots = {qp.slot: qp.query for qp in plan.queries}
     job = SparkJob(spark, tmp_path / "spool", tmp_path / "results", tmp_path / "checkpoints",
                    slots.get, 5)
     job.run_available_now([(s, f) for s in plan.streams() for f in plan.folders(s)])
-    got = answers_of([(qp.query, read_results(tmp_path / "results", qp.query))
-                      for qp in plan.queries])
-    assert got == reference(recs)
+    return engines
 
 
 def _every_other(raw, i):
@@ -200,3 +207,28 @@ def test_om_switches_plans_at_window_boundaries_and_answers_stay_right(spark, tm
         got = {(r["t"], r[key]): [r["pkts"], r["bytes"]]
                for r in rows_of(qp.query, read_results(tmp_path / "results", qp.query))}
         assert got == dict(want[qp.query.name])
+
+
+def test_two_daemons_sketches_unite_in_the_streaming_merge(spark, tmp_path):
+    """approx_count_distinct through the streaming HFTA: two capture daemons each send a
+    sketch per group, Spark's streaming merge unites them (its own branch of the merge, apart
+    from the hash aggregation of the other rows), and the estimate equals the exact distinct
+    count over both daemons' packets (these sets are small: HLL counts them exactly)."""
+    from collector.results import rows_of
+    path, _ = spread(tmp_path, "ok.pcap", 0.5)
+    queries = parse_queries("""
+-- name: approx
+SELECT time/60 AS t, src_ip, approx_count_distinct(dst_port) AS ports, count(*) AS n
+FROM packets GROUP BY time/60, src_ip;
+-- name: exact
+SELECT time/60 AS t, src_ip, count(DISTINCT dst_port) AS ports, count(*) AS n
+FROM packets GROUP BY time/60, src_ip
+""")
+    plan = build_plan(queries, **Settings(initial_queries=None,
+                                          om={"enabled": False}).plan_options())
+    two_daemons(spark, tmp_path, plan, path)
+    got = {q.name: {(r["t"], r["src_ip"]): (r["ports"], r["n"])
+                    for r in rows_of(q, read_results(tmp_path / "results", q))}
+           for q in queries}
+    assert len(got["exact"]) > 10 and got["approx"] == got["exact"]
+    assert any(v[0] > 1 for v in got["exact"].values())

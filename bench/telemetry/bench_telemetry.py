@@ -1,0 +1,272 @@
+"""The telemetry applications at speed (issue 16): all of ``apps.sql`` registered at once in
+flowsieve (``replay``'s path: prefilter, LFTA, aggregate trees, the HFTA) against one Spark
+streaming query per application written as a PySpark user would (over flowsieve's decoded
+tuples as Parquet; Spark streams cannot count distinct values or join two aggregations, so
+each query keeps the finest groups Spark can and its foreachBatch finishes the count or the
+difference). Both modes' answers must equal the pandas truth of ``attacks.py``.
+
+``python bench/telemetry/bench_telemetry.py [--quick]``; figures in
+``bench/results/telemetry.json`` and a line in ``bench/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_spark import TreeRss, raw_parquet, start_spark  # noqa: E402
+from bench.common import CACHE, write_result  # noqa: E402
+from bench.telemetry.attacks import COLUMNS, capture, frame, truth  # noqa: E402
+
+APPS = Path(__file__).with_name("apps.sql")
+SIZE, QUICK = 2_000_000, 200_000
+NEED = ["time", "ip_version", "src_ip", "dst_ip", "protocol", "src_port", "dst_port",
+        "tcp_flags", "ip_len", "dns_qr", "dns_ancount", "dns_an_type", "dns_an_ttl",
+        "dns_an_name"]
+
+
+def naive_queries(F):
+    """Per application: (the tuples it reads, its streaming aggregation per window ``ws``, its
+    finishing step over the aggregation's rows as a pandas DataFrame with the minute ``t``):
+    the PySpark a user writes for apps.sql."""
+    tcp = F.col("protocol") == 6
+    udp = F.col("protocol") == 17
+    syn = tcp & (F.col("tcp_flags").bitwiseAND(18) == 2)
+    synack = tcp & (F.col("tcp_flags").bitwiseAND(18) == 18)
+    fin = tcp & (F.col("tcp_flags").bitwiseAND(1) != 0)
+    ip = F.col("ip_version").isin(4, 6)
+
+    def distinct(keys, field, over):
+        def finish(df):
+            g = df.groupby(["t", *keys])[field].nunique()
+            return g[g > over]
+        return finish
+
+    def having(key, col, over):
+        def finish(df):
+            s = df.groupby(["t", key])[col].sum()
+            return s[s > over]
+        return finish
+
+    def slowloris(df):
+        g = df.groupby(["t", "dst_ip"]).agg(conns=("src_port", "size"), b=("b", "sum"))
+        per = g["b"] / g["conns"]
+        keep = (g["conns"] > 1000) & (per < 500)
+        return {k: (c, x) for k, c, x in zip(g.index[keep], g["conns"][keep], per[keep],
+                                              strict=True)}
+    return {  # (the tuples it reads, its aggregation, its finishing step)
+        "new_tcp": (syn, lambda d: d.groupBy("ws", "dst_ip").count(),
+                    having("dst_ip", "count", 1000)),
+        "heavy_hitters": (ip, lambda d: d.groupBy("ws", "src_ip").agg(
+            F.sum("ip_len").alias("b")), having("src_ip", "b", 10_000_000)),
+        "superspreader": (ip, lambda d: d.groupBy("ws", "src_ip", "dst_ip").count(),
+                          distinct(["src_ip"], "dst_ip", 2500)),
+        "port_scan": (tcp, lambda d: d.groupBy("ws", "src_ip", "dst_port").count(),
+                      distinct(["src_ip"], "dst_port", 2000)),
+        "syn_flood": (syn | synack, lambda d: d.withColumn(
+            "host", F.when(syn, F.col("dst_ip")).otherwise(F.col("src_ip"))).groupBy(
+            "ws", "host").agg(F.sum(syn.cast("long")).alias("s"),
+                              F.sum(synack.cast("long")).alias("a")),
+            lambda df: _diff(df, "host", "s", "a", 1000)),
+        "completed_flows": (syn | fin, lambda d: d.groupBy("ws", "dst_ip").agg(
+            F.sum(syn.cast("long")).alias("s"), F.sum(fin.cast("long")).alias("a")),
+            lambda df: _diff(df, "dst_ip", "s", "a", 1000)),
+        "slowloris": (tcp, lambda d: d.groupBy("ws", "dst_ip", "src_port").agg(
+            F.sum("ip_len").alias("b")), slowloris),
+        "udp_asym": (udp, lambda d: d.select("ws", F.explode(F.array(
+            F.struct(F.col("dst_ip").alias("host"), F.lit(1).alias("i")),
+            F.struct(F.col("src_ip").alias("host"), F.lit(0).alias("i")))).alias("e")).select(
+            "ws", "e.host", "e.i").groupBy("ws", "host").agg(
+            F.sum("i").alias("s"), F.sum(1 - F.col("i")).alias("a")),
+            lambda df: _diff(df, "host", "s", "a", 5000)),
+        "dns_reflection": (udp & (F.col("src_port") == 53) & (F.col("dns_qr") == 1) &
+                           (F.col("dns_an_type") == 16),
+                           lambda d: d.groupBy("ws", "dst_ip", "src_ip").count(),
+                           distinct(["dst_ip"], "src_ip", 100)),
+        "dns_ttl": ((F.col("dns_qr") == 1) & (F.col("dns_ancount") > 0),
+                    lambda d: d.groupBy("ws", "dns_an_name", "dns_an_ttl").count(),
+                    distinct(["dns_an_name"], "dns_an_ttl", 4)),
+        "ssh_brute": (tcp & (F.col("dst_port") == 22),
+                      lambda d: d.groupBy("ws", "dst_ip", "ip_len", "src_ip").count(),
+                      distinct(["dst_ip", "ip_len"], "src_ip", 100)),
+    }
+
+
+def _diff(df, key, a, b, over):
+    """``a - b`` per (t, key) where ``a`` counted something (the LEFT JOIN's left side)."""
+    g = df.groupby(["t", key])[[a, b]].sum()
+    g = g[g[a] > 0]
+    d = g[a] - g[b]
+    return d[d > over]
+
+
+def _naive(spark, path: Path, work: Path, stages: dict, t1: float):
+    """Tuples as Parquet, one streaming query per application (all started at once).
+    Returns (answers, rows read by Spark)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyspark.sql import functions as F
+
+    from capture.fields import ip_text
+    raw, punct, schema, rows = raw_parquet(spark, path, NEED, work)
+    stages["spark"] = time.perf_counter() - t1
+    got: dict[str, list] = {}
+    running = []
+    apps = naive_queries(F)
+    for name, (cond, build, _) in apps.items():
+        # the punctuation row joins after the filter (Spark would push the filter below the
+        # watermark, and the row closes the last windows only if the watermark sees it)
+        src = (spark.readStream.schema(schema).parquet(str(raw)).where(cond)
+               .unionByName(spark.readStream.schema(schema).parquet(str(punct)))
+               .withColumn("ws", F.timestamp_seconds(F.floor(F.col("time") / 60) * 60))
+               .withWatermark("ws", "1 seconds"))
+
+        def sink(bdf, _id, name=name):
+            t = bdf.toArrow()
+            if t.num_rows:
+                got.setdefault(name, []).append(t)
+        running.append(build(src).writeStream.outputMode("append").foreachBatch(sink)
+                       .option("checkpointLocation", str(work / "ck" / name))
+                       .trigger(availableNow=True).start())
+    for sq in running:
+        sq.awaitTermination()
+        if sq.exception() is not None:
+            raise RuntimeError(f"{sq.name}: {sq.exception()}")
+    answers = {}
+    for name, (_, _, finish) in apps.items():
+        if name not in got:
+            answers[name] = []
+            continue
+        t = pa.concat_tables(got[name])
+        minute = pc.divide(pc.cast(t.column("ws"), pa.int64()), 60_000_000)
+        df = t.drop(["ws"]).append_column("t", minute).to_pandas()
+        for c in ("src_ip", "dst_ip", "host"):
+            if c in df.columns:
+                df[c] = [ip_text(v) for v in df[c]]
+        answers[name] = _rows(finish(df))
+    return answers, rows * len(running)
+
+
+def _rows(found) -> list:
+    """Answers as JSON rows: [key…, value…], sorted."""
+    out = []
+    for k, v in dict(found).items():
+        k = k if isinstance(k, tuple) else (k,)
+        v = v if isinstance(v, tuple) else (v,)
+        out.append([x.item() if hasattr(x, "item") else x for x in (*k, *v)])
+    return sorted(out, key=repr)
+
+
+def run_one(mode: str, n: int, out: Path) -> None:
+    """One measured run in this (fresh) process; writes its figures and answers to ``out``."""
+    from collector.config import Settings
+    from collector.results import rows_of
+    from planner.query import parse_queries
+
+    path, p, _ = capture(n, CACHE)
+    packets = len(p["ts_us"])
+    del p  # the generator's arrays are the orchestrator's truth, not part of this run
+    rss = TreeRss()
+    settings = Settings(initial_queries=None)
+    spark, jvm_s = start_spark("bench-telemetry")
+    work = Path(tempfile.mkdtemp(prefix=f"bench-telemetry-{mode}-", dir=CACHE))
+    stages: dict[str, float] = {}
+    t1 = time.perf_counter()
+    if mode == "naive":
+        answers, rows_in = _naive(spark, path, work, stages, t1)
+    else:
+        from collector.metrics import Metrics
+        from collector.replay import replay
+        metrics = Metrics()
+        res = replay(path, parse_queries(APPS.read_text()), work, spark, settings=settings,
+                     metrics=metrics)
+        if res.error is not None:
+            raise RuntimeError(res.error)
+        answers = {}
+        for q, t in res.answers:
+            keys, values = COLUMNS[q.name]
+            answers[q.name] = sorted(([r[k] for k in keys] + [r[v] for v in values]
+                                      for r in rows_of(q, t)), key=repr)
+        stages.update({f"spark_{k}": v for k, v in res.timings.items()})
+        rows_in = sum(s.value for m in metrics.spool_rows.collect() for s in m.samples
+                      if s.name.endswith("_total"))
+    wall = time.perf_counter() - t1
+    spark.stop()
+    out.write_text(json.dumps({
+        "mode": mode, "packets": packets, "jvm_start_s": jvm_s, "wall_s": wall,
+        "stages_s": stages, "rows_into_spark": rows_in, **rss.stop(), "answers": answers}))
+
+
+def measure(mode: str, n: int, timeout: float = 3600) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", dir=CACHE, delete=False) as f:
+        out = Path(f.name)
+    proc = subprocess.run([sys.executable, __file__, "--one", mode, str(n), str(out)],
+                          timeout=timeout, capture_output=True, text=True)
+    if proc.returncode != 0 or not out.stat().st_size:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"mode": mode, "failure": " | ".join(tail)}
+    doc = json.loads(out.read_text())
+    out.unlink()
+    return doc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="a small capture, one repeat")
+    ap.add_argument("--one", nargs=3, metavar=("MODE", "N", "OUT"))
+    args = ap.parse_args()
+    if args.one:
+        run_one(args.one[0], int(args.one[1]), Path(args.one[2]))
+        return 0
+    n, repeat = (QUICK, 1) if args.quick else (SIZE, 3)
+    CACHE.mkdir(exist_ok=True)
+    _, p, _ = capture(n, CACHE)
+    right = truth(frame(p))
+    want = {app: sorted(([*k, *v] for k, v in rows.items()), key=repr)
+            for app, rows in right.items()}
+    want = json.loads(json.dumps(want, default=lambda x: x.item()))
+    print(f"== {len(p['ts_us']):,} packets, {len(want)} applications", flush=True)
+    runs: dict[str, list] = {"full": [], "naive": []}
+    wrong = []
+    for _ in range(repeat):
+        for mode in runs:
+            doc = measure(mode, n)
+            if "failure" in doc:
+                print(f"   {mode}: failed: {doc['failure']}", flush=True)
+                wrong.append(mode)
+                continue
+            got = doc.pop("answers")
+            bad = [a for a in want if got.get(a) != want[a]]
+            doc["correct"] = not bad
+            doc["pps"] = doc["packets"] / doc["wall_s"]
+            doc["rows_per_packet"] = doc["rows_into_spark"] / doc["packets"]
+            runs[mode].append(doc)
+            if bad:
+                wrong.append(mode)
+            print(f"   {mode:5}: {doc['pps'] / 1e3:8,.0f} kpps, wall {doc['wall_s']:6.1f} s "
+                  f"(JVM {doc['jvm_start_s']:.1f} s), rows into Spark per packet "
+                  f"{doc['rows_per_packet']:.4f}, peak RSS {doc['peak_rss_total_mib']:,.0f} MiB"
+                  + (f", WRONG: {', '.join(bad)}" if bad else ", answers equal the truth"),
+                  flush=True)
+    med = {m: {k: statistics.median(r[k] for r in rs) for k in
+               ("pps", "wall_s", "rows_per_packet", "peak_rss_total_mib")}
+           for m, rs in runs.items() if rs}
+    if len(med) == 2:
+        med["ratio"] = med["full"]["pps"] / med["naive"]["pps"]
+        print(f"== flowsieve / naive PySpark: {med['ratio']:.1f}x (target >= 20x)", flush=True)
+    if not args.quick:
+        write_result("telemetry", {"packets": len(p["ts_us"]), "runs": runs, "median": med})
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
