@@ -111,8 +111,8 @@ def parser() -> argparse.ArgumentParser:
                    help="packets: unpacked packet fields; flows: NetFlow v5/v9/IPFIX records")
     d.add_argument("--flow-ports", type=_ports, default=list(DEFAULT_FLOW_PORTS),
                    help=PORTS_HELP)
-    d.add_argument("--fields", help="comma-separated catalogue fields (default: all; see "
-                   "flowsieve fields)")
+    d.add_argument("--fields", help="comma-separated catalogue fields (default: all but "
+                   "payload, which prints as hex when named; see flowsieve fields)")
     d.add_argument("--format", choices=("csv", "json"), default="csv",
                    help="csv with a header row, or one JSON object per line (default csv)")
 

@@ -59,7 +59,9 @@ def _upsert(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, r, 
             mins, maxs, i):
     """Merge key row ``r`` of ``keys`` with count ``cnt`` and row ``i`` of sums, mins and maxs
     into the table. Returns the entries held after, or -1 when the key needs a new entry and
-    the table already holds ``limit``."""
+    the table already holds ``limit``. A negative measure is a tuple's NULL (the ip_len of a
+    frame without IP): it adds nothing to the sum and the min skips it (``I64_MAX``, read back
+    as NULL); a max of NULLs only stays -1 (NULL). Partial rows carry these sentinels already."""
     mask = np.uint64(t_keys.shape[0] - 1)
     kw = keys.shape[1]
     slot = np.int64(_hash(keys, r) & mask)
@@ -72,8 +74,8 @@ def _upsert(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, r, 
                 t_keys[slot, k] = keys[r, k]
             t_cnt[slot] = cnt
             for m in range(sums.shape[1]):
-                t_sum[slot, m] = sums[i, m]
-                t_min[slot, m] = mins[i, m]
+                t_sum[slot, m] = max(sums[i, m], 0)
+                t_min[slot, m] = mins[i, m] if mins[i, m] >= 0 else I64_MAX
                 t_max[slot, m] = maxs[i, m]
             return n_used + 1
         same = True
@@ -84,8 +86,8 @@ def _upsert(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, r, 
         if same:
             t_cnt[slot] += cnt
             for m in range(sums.shape[1]):
-                t_sum[slot, m] += sums[i, m]
-                if mins[i, m] < t_min[slot, m]:
+                t_sum[slot, m] += max(sums[i, m], 0)
+                if 0 <= mins[i, m] < t_min[slot, m]:
                     t_min[slot, m] = mins[i, m]
                 if maxs[i, m] > t_max[slot, m]:
                     t_max[slot, m] = maxs[i, m]
@@ -109,17 +111,16 @@ def merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, 
 
 @nb.njit(cache=True, nogil=True)
 def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, mask, time,
-                 period, ints, ips, ip_ok, kinds, sums, mins, maxs, start):
+                 period, ints, ips, ip_ok, kinds, meas, start):
     """Merge a batch's tuples ``start…`` into the table as partials of one, building each
     tuple's key on the fly (``NodeTable``'s layout: window start, the key fields in order —
     ``kinds[k]`` 0: the next row of ``ints``, 1: the next address of ``ips``/``ip_ok`` as
     validity and two big-endian halves — then the query-bit pattern ``Q[i] & mask``). Tuples
     whose pattern is empty are not the node's. Stops before a tuple that would make the table
     hold more than ``limit`` entries. Returns (next tuple, entries, tuples merged, earliest
-    window start merged). ``sums``, ``mins``, ``maxs``: each tuple's measures as a sum, min and
-    max contribute them (``measure_arrays``; measures × tuples)."""
+    window start merged)."""
     words = Q.shape[1]
-    sums_t, mins_t, maxs_t = sums.T, mins.T, maxs.T  # (tuples, measures)
+    meas_t = meas.T  # (tuples, measures): each tuple its own sum, min and max
     key = np.empty((1, t_keys.shape[1]), np.int64)
     merged = 0
     first = I64_MAX
@@ -153,7 +154,7 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
         for w in range(words):
             key[0, c + w] = np.int64(Q[i, w] & mask[w])
         got = _upsert(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, key, 0, 1,
-                      sums_t, mins_t, maxs_t, i)
+                      meas_t, meas_t, meas_t, i)
         if got < 0:
             return i, n_used, merged, first
         n_used = got
@@ -164,13 +165,16 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
 
 
 def measure_arrays(meas: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Tuples' measures as the sums, mins and maxs they contribute. A NULL measure (-1: the
-    ip_len of a frame without IP) adds 0 to a sum and is skipped by min (``I64_MAX``, read
-    back as NULL) and max (-1, NULL)."""
-    null = meas < 0
-    if not null.any():
-        return meas, meas, meas
-    return np.where(null, 0, meas), np.where(null, I64_MAX, meas), meas
+    """Tuples' measures as the sums, mins and maxs of partials of one (``_upsert``'s rule for
+    a NULL measure: 0 in the sum, ``I64_MAX`` as the min, -1 as the max); only a measure
+    column holding NULLs is copied."""
+    sums, mins = meas, meas  # (tuples, measures)
+    for m in np.flatnonzero((meas < 0).any(axis=0)):
+        if sums is meas:
+            sums, mins = meas.copy(), meas.copy()
+        null = meas[:, m] < 0
+        sums[null, m], mins[null, m] = 0, I64_MAX
+    return sums, mins, meas
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -345,12 +349,11 @@ class PartialTable:
         had to be flushed because the table filled up, as ``merge`` does."""
         out: list[Partials] = []
         pos, n = 0, Q.shape[0]
-        sums, mins, maxs = measure_arrays(meas)
         while pos < n:
             pos, self.n_used, merged, first = merge_tuples(
                 self.t_keys, self.t_used, self.t_cnt, self.t_sum, self.t_min, self.t_max,
-                self.n_used, self.limit, Q, mask, time, period, ints, ips, ip_ok, kinds, sums,
-                mins, maxs, pos)
+                self.n_used, self.limit, Q, mask, time, period, ints, ips, ip_ok, kinds, meas,
+                pos)
             if merged:
                 if self._oldest_ns is None:
                     self._oldest_ns = now_ns

@@ -19,11 +19,11 @@ from sqlglot import exp
 
 from capture.fields import IP, SKETCH, TS, fields, ip_text, key_field, measures
 from collector.keys import KeyLayout, binary_buffers
+from collector.lfta import I64_MAX  # the min of NULL measures only
 from collector.spool import TS_US, qmask_words
 from planner.query import Query
 from planner.slots import has_slot, slots_of
 
-I64_MAX = np.iinfo(np.int64).max  # the min of no value (collector/lfta.py measure_arrays)
 CMP = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
        ">": operator.gt, ">=": operator.ge}
 

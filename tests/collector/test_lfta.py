@@ -181,7 +181,9 @@ def test_node_table_merges_columns_as_it_merges_key_rows(name, keys):
     assert fused.table.stats.rows_in == ref.stats.rows_in > 0
 
 
-@settings(max_examples=25, deadline=None)
+# a statistical bound (3 sigma) holds for most draws, not all: the examples are fixed
+# (derandomized) so the verdict never changes between runs
+@settings(max_examples=25, deadline=None, derandomize=True, database=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 30_000), st.integers(0, 3)),
                 min_size=1, max_size=8),
        st.integers(0, 2**32), st.sampled_from([8, 12]))
