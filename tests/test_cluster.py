@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -31,7 +32,6 @@ from tests.test_hot_swap import PERIOD, Feeder, answers, whole_windows
 
 pytestmark = pytest.mark.slow
 
-HOST, PEER = "10.213.7.1", "10.213.7.2"
 QUERIES = {
     "all5s": "SELECT time/5 AS t, count(*) AS n, sum(wirelen) AS b FROM packets GROUP BY time/5",
     "udp_src": "SELECT time/5 AS t, src_ip, count(*) AS n FROM packets WHERE protocol = 17 "
@@ -53,22 +53,46 @@ def sh(*args: str) -> None:
     subprocess.run(args, check=True, capture_output=True, text=True)
 
 
+def stale_namespaces() -> None:
+    """Remove the namespaces and veth pairs of earlier runs whose process is gone (a killed run
+    leaves its address on a host link, and the kernel would route this run's replies there)."""
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    for ns in names:
+        m = re.fullmatch(r"fsc(\d+)", ns)
+        if m and not os.path.exists(f"/proc/{m[1]}"):
+            subprocess.run(["ip", "link", "del", f"{ns}a"], capture_output=True)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def free_subnet() -> tuple[str, str]:
+    """Two addresses of a /30 that no link of this host uses or routes."""
+    taken = subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True,
+                           text=True).stdout
+    for third in range(7, 256):
+        if f"10.213.{third}." not in taken:
+            return f"10.213.{third}.1", f"10.213.{third}.2"
+    raise AssertionError("no free /30 in 10.213.0.0/16")
+
+
 @pytest.fixture
 def netns():
-    """A network namespace joined to this host by a veth pair: HOST here, PEER there."""
+    """A network namespace joined to this host by a veth pair: (namespace, the address here,
+    the address there)."""
     need(os.geteuid() == 0 and shutil.which("ip") is not None,
          "the cluster test needs root and iproute2 (ip netns, veth)")
+    stale_namespaces()
+    host, peer = free_subnet()
     ns, here, there = f"fsc{os.getpid()}", f"fsc{os.getpid()}a", f"fsc{os.getpid()}b"
     sh("ip", "netns", "add", ns)
     try:
         sh("ip", "link", "add", here, "type", "veth", "peer", "name", there)
         sh("ip", "link", "set", there, "netns", ns)
-        sh("ip", "addr", "add", f"{HOST}/30", "dev", here)
+        sh("ip", "addr", "add", f"{host}/30", "dev", here)
         sh("ip", "link", "set", here, "up")
-        for cmd in (["ip", "addr", "add", f"{PEER}/30", "dev", there],
+        for cmd in (["ip", "addr", "add", f"{peer}/30", "dev", there],
                     ["ip", "link", "set", there, "up"], ["ip", "link", "set", "lo", "up"]):
             sh("ip", "netns", "exec", ns, *cmd)
-        yield ns
+        yield ns, host, peer
     finally:
         subprocess.run(["ip", "link", "del", here], capture_output=True)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
@@ -91,6 +115,7 @@ def merge_pcaps(paths, out) -> None:
 
 
 def test_two_probes_one_spool_one_spark_cluster(tmp_path, netns, spark):
+    netns, HOST, PEER = netns  # noqa: N806 (the addresses read as constants below)
     need(shutil.which("java") is not None, "Java 17 is not installed")
     bindir = os.path.dirname(sys.executable)
     base_env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1",
@@ -219,6 +244,13 @@ sources:
         statuses = [json.loads(p.read_text())
                     for p in sorted((spool / "_control" / "probes").glob("*.json"))]
         assert {s["probe"] for s in statuses} >= {"edge-a", "edge-b"}
+    except BaseException:  # the processes' last words, shown by pytest with the failure
+        for log in logs:
+            log.flush()
+            lines = [x for x in open(log.name, errors="replace").read().splitlines()
+                     if not x.startswith("\tat ")]
+            sys.stdout.write("\n".join([f"==> {log.name} <==", *lines[-25:], ""]))
+        raise
     finally:
         for _, feeder in probes.values():
             feeder.stop.set()
