@@ -1,12 +1,14 @@
-"""The telemetry applications (bench/telemetry/apps.sql) through ``replay`` on a generated
-backbone-shaped capture with attacks injected at known hosts and windows: every answer equals
-the pandas truth computed from the generator's own arrays, and each application reports the
-injected attacks and nothing else."""
+"""The telemetry applications (bench/telemetry/apps.sql) through ``replay`` and through the
+daemon (registered at start, answers read over REST) on a generated backbone-shaped capture with
+attacks injected at known hosts and windows: every answer equals the pandas truth computed from
+the generator's own arrays, and each application reports the injected attacks and nothing
+else."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 
 from bench.telemetry.attacks import COLUMNS, capture, expected_keys, frame, truth
@@ -14,6 +16,7 @@ from collector.replay import replay
 from collector.results import rows_of
 from planner.query import parse_queries
 from tests.reference import packets
+from tests.test_daemon import daemon_config, start_daemon, stop_daemon, wait_for
 
 pytestmark = pytest.mark.slow
 APPS = Path(__file__).parent.parent / "bench" / "telemetry" / "apps.sql"
@@ -34,14 +37,52 @@ def test_capture_says_what_the_arrays_say(tmp_path):
     assert dns == want and sum(t == 16 for t, _, _ in dns) > 100
 
 
-def test_applications_find_the_attacks(spark, tmp_path):
-    path, p, want = capture(200_000, tmp_path)
-    res = replay(path, parse_queries(APPS.read_text()), tmp_path / "work", spark)
-    assert res.error is None
-    got = {q.name: rows_of(q, t) for q, t in res.answers}
+def check(got: dict[str, list[dict]], p: dict, want: dict[str, set]) -> None:
+    """Every application's rows equal the truth, and their keys are the injected attacks."""
     right, attacks = truth(frame(p)), expected_keys(want)
     assert set(got) == set(COLUMNS) == set(attacks)
     for app, (keys, values) in COLUMNS.items():
         rows = {tuple(r[k] for k in keys): tuple(r[v] for v in values) for r in got[app]}
+        assert len(rows) == len(got[app]), app  # one row per key
         assert rows == right[app], app
         assert set(rows) == attacks[app], app
+
+
+def test_applications_find_the_attacks(spark, tmp_path):
+    path, p, want = capture(200_000, tmp_path)
+    res = replay(path, parse_queries(APPS.read_text()), tmp_path / "work", spark)
+    assert res.error is None
+    check({q.name: rows_of(q, t) for q, t in res.answers}, p, want)
+
+
+def test_applications_through_the_daemon(tmp_path):
+    """The daemon reads the capture with the applications registered at start; once its
+    source is finished and Spark has answered the last window, every application's rows over
+    REST equal the truth."""
+    path, p, want = capture(200_000, tmp_path)
+    source = f"{{type: pcap, name: attacks, path: {path}, loop: false, restamp: false}}"
+    cfg, port = daemon_config(tmp_path, [source], APPS.read_text())
+    end = (int(p["ts_us"].max()) // 1_000_000 // 60 + 1) * 60  # the last window's end
+    log = open(tmp_path / "daemon.log", "w")
+    proc = start_daemon(cfg, log)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+
+    def answered() -> dict[str, list[dict]] | None:
+        got = {}
+        for name in COLUMNS:
+            r = client.get(f"/queries/{name}/results", params={"limit": 100_000})
+            r.raise_for_status()
+            body = r.json()
+            if (body["complete_before"] or 0) < end:
+                return None
+            assert body["next_cursor"] is None
+            got[name] = body["rows"]
+        return got
+    try:
+        wait_for(lambda: client.get("/healthz").status_code == 200, 180, "the API")
+        got = wait_for(answered, 300, "the last window answered")
+    finally:
+        client.close()
+        stop_daemon(proc)
+        log.close()
+    check(got, p, want)
