@@ -153,8 +153,12 @@ class KeyLayout:
         off, data = binary_buffers(key)
         n = len(off) - 1
         width = self.words * 8
-        at = np.minimum(off[:-1], max(len(data) - width, 0))
-        fixed = data[at[:, None] + np.arange(width)] if n else np.zeros((0, width), np.uint8)
+        if self.string is None and off[0] == 0 and (np.diff(off) == width).all():
+            fixed = data[:n * width].reshape(n, width)  # every key one width: a view
+        else:
+            at = np.minimum(off[:-1], max(len(data) - width, 0))
+            fixed = data[at[:, None] + np.arange(width)] if n else np.zeros((0, width),
+                                                                           np.uint8)
         words = np.ascontiguousarray(fixed).view("<i8").reshape(n, self.words)
         cat = fields(self.stream)
         cols: dict[str, pa.Array] = {}

@@ -32,10 +32,11 @@ class ReplayResult:
         self.timings = timings or {}  # Spark's merge and the driver's answers, seconds
 
 
-def _inputs(capture, stream: str, batch_size: int, flow_ports, decoder: Decoder):
+def _inputs(capture, stream: str, batch_size: int, flow_ports, decoder: Decoder | None):
+    """The stream's batches; a flow decoder (its template state) is made only for flows."""
     if stream == "packets":
         return open_capture(capture, batch_size)
-    return capture_flows(capture, flow_ports, decoder)
+    return capture_flows(capture, flow_ports, decoder or Decoder())
 
 
 def measured_plan(capture, queries: list[Query], plan: Plan, spool: Spool, settings: Settings,
@@ -64,7 +65,7 @@ def measure(capture, plan: Plan, spool: Spool, settings: Settings,
         engine.set_plan(plan)
         seen = 0
         try:
-            for batch in _inputs(capture, stream, settings.batch_size, flow_ports, Decoder()):
+            for batch in _inputs(capture, stream, settings.batch_size, flow_ports, None):
                 engine.observe(batch)
                 seen += len(batch)
                 if seen >= limit:
@@ -134,7 +135,8 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
         engine.set_plan(plan)
         try:
             done = 0
-            decoder = decoder or Decoder()
+            if stream == "flows":
+                decoder = decoder or Decoder()
             for batch in _inputs(capture, stream, batch_size, flow_ports, decoder):
                 engine.process(batch, "replay")
                 done += len(batch)
@@ -156,7 +158,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
                    spool_format=settings.spool.format)
     folders = [(s, f) for s in plan.streams() for f in plan.folders(s)]
     if settings.spool.format == "parquet":
-        job.run_batch(folders)
+        job.run_batch(folders, {m for qp in plan.queries for m in qp.query.measures})
     else:  # the Python data source reads Arrow IPC as a stream
         job.run_available_now(folders)
     answers = [(q, read_results(work / "results", q)) for q in queries]

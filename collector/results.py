@@ -28,8 +28,40 @@ CMP = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
        ">": operator.gt, ">=": operator.ge}
 
 
+_OCTETS = pa.array([str(i) for i in range(256)], pa.string())
+_HEXTETS = pa.array([f"{i:x}" for i in range(65536)], pa.string())
+
+
+def _ipv6_text(b: np.ndarray) -> pa.Array:
+    """(n, 16) addresses in RFC 5952 text as Python's ``ipaddress`` writes it (the longest run
+    of two or more zero groups, the first of equal ones, as ``::``), with Arrow kernels."""
+    n = len(b)
+    h = b.reshape(n, 8, 2).astype(np.int64)
+    h = h[:, :, 0] << 8 | h[:, :, 1]
+    zero = h == 0
+    run = np.zeros((n, 8), np.int64)  # length of the zero run ending at each group
+    run[:, 0] = zero[:, 0]
+    for i in range(1, 8):
+        run[:, i] = np.where(zero[:, i], run[:, i - 1] + 1, 0)
+    length = run.max(axis=1)
+    end = run.argmax(axis=1)  # the first longest run's last group
+    start = end - length + 1
+    compress = length >= 2
+    groups = [_HEXTETS.take(pa.array(h[:, i])) for i in range(8)]
+    empty = pa.array([""] * n, pa.string())
+    heads, tails = [empty, groups[0]], [empty, groups[7]]  # the first / last k groups
+    for k in range(2, 9):
+        heads.append(pc.binary_join_element_wise(heads[-1], groups[k - 1], ":"))
+        tails.append(pc.binary_join_element_wise(groups[8 - k], tails[-1], ":"))
+    head = pc.choose(pa.array(np.where(compress, start, 0)), *heads)
+    tail = pc.choose(pa.array(np.where(compress, 7 - end, 0)), *tails)
+    short = pc.binary_join_element_wise(head, "::", tail, "")
+    return pc.if_else(pa.array(compress), short, heads[8])
+
+
 def _ip_strings(arr: pa.Array) -> pa.Array:
-    """16-byte addresses as text: IPv4-mapped ones vectorised (numpy), others by ``ip_text``."""
+    """16-byte addresses as text: IPv4-mapped ones as dotted quads, others in RFC 5952 form
+    (``ip_text``'s), with Arrow kernels."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     n = len(arr)
@@ -42,15 +74,18 @@ def _ip_strings(arr: pa.Array) -> pa.Array:
     at = np.minimum(offsets[:-1], max(len(data) - 16, 0))
     b = data[at[:, None] + np.arange(16)]
     mapped = valid & (b[:, :10] == 0).all(axis=1) & (b[:, 10] == 255) & (b[:, 11] == 255)
-    out = np.empty(n, dtype=object)
-    quads = b[mapped, 12:].astype(str)
-    dot = np.char.add
-    out[mapped] = dot(dot(dot(dot(dot(dot(quads[:, 0], "."), quads[:, 1]), "."), quads[:, 2]),
-                          "."), quads[:, 3])
-    other = np.flatnonzero(valid & ~mapped)
-    out[other] = [ip_text(b[i].tobytes()) for i in other]
-    out[~valid] = None
-    return pa.array(out, pa.string())
+    quads = pc.binary_join_element_wise(*(_OCTETS.take(pa.array(b[:, 12 + i]))
+                                          for i in range(4)), ".")
+    other = valid & ~mapped
+    if not other.any():
+        return pc.if_else(pa.array(mapped), quads, pa.scalar(None, pa.string()))
+    rows = np.ascontiguousarray(b).view(np.dtype((np.void, 16))).reshape(-1)
+    uniq, inv = np.unique(rows[other], return_inverse=True)  # hosts repeat: each once
+    index = np.zeros(n, np.int64)
+    index[other] = inv.reshape(-1)
+    v6 = _ipv6_text(np.frombuffer(uniq.tobytes(), np.uint8).reshape(-1, 16)).take(
+        pa.array(index, mask=~other))
+    return pc.if_else(pa.array(mapped), quads, v6)
 
 
 def _prefix_strings(arr: pa.Array, bits: int) -> pa.Array:
@@ -70,14 +105,19 @@ def query_partials(stream: str, merged: pa.Table, resolve: Resolve
     query's rows: ``window_start``, the query's key columns, ``cnt`` and the measures. A
     query's rows come from every node whose pattern holds its slot (its node of the aggregate
     tree, or a node of an earlier plan); ``finalize`` merges them to the query's keys."""
-    labels = merged.column("node")
     meas = [c for c in merged.column_names if c == "cnt" or c[:4] in ("sum_", "min_", "max_")]
     parts: dict[int, list[pa.Table]] = {}
     queries: dict[int, Query | None] = {}
-    for label in pc.unique(labels).to_pylist():
+    # the rows grouped by node with one take, each node's rows a slice of it
+    codes = pc.dictionary_encode(merged.column("node").combine_chunks())
+    index = codes.indices.to_numpy(zero_copy_only=False)
+    order = np.argsort(index, kind="stable")
+    merged = merged.take(pa.array(order))
+    bounds = np.searchsorted(index[order], np.arange(len(codes.dictionary) + 1))
+    for code, label in enumerate(codes.dictionary.to_pylist()):
         if not label:
             continue  # punctuation
-        rows = merged.filter(pc.equal(labels, label))
+        rows = merged.slice(bounds[code], bounds[code + 1] - bounds[code])
         layout = KeyLayout.parse(stream, label)
         cols, pattern = layout.decode(rows.column("key"))
         if layout.sketch is not None:  # the node's rows carry a sketch of its field
@@ -92,11 +132,12 @@ def query_partials(stream: str, merged: pa.Table, resolve: Resolve
             if missing:
                 raise ValueError(f"node {label} cannot answer {q.name}: it does not group by "
                                  f"{', '.join(sorted(missing))}")
-            keep = pa.array(has_slot(pattern, slot))
+            keep = has_slot(pattern, slot)
             table = pa.table({"window_start": rows.column("window_start"),
                               **{k: cols[k] for k in q.node_keys},
                               **{m: rows.column(m) for m in meas}})
-            parts.setdefault(slot, []).append(table.filter(keep))
+            parts.setdefault(slot, []).append(table if keep.all() else
+                                              table.filter(pa.array(keep)))
     return [(queries[s], pa.concat_tables(ts)) for s, ts in sorted(parts.items())]
 
 

@@ -9,7 +9,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime
 from pathlib import Path
 
@@ -132,12 +132,16 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
     return spark
 
 
-def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None) -> DataFrame:
+def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None,
+                   only: Collection[str] | None = None) -> DataFrame:
     """Merge the partials of each (window, node, key), from any number of capture daemons,
     under the watermark. The key is one binary value (collector/keys.py): the group never
-    spans the catalogue's columns and no row is exploded per query."""
+    spans the catalogue's columns and no row is exploded per query. ``only``: the measures
+    the queries read (a batch job's queries are known), the others are left out."""
     aggs = [F.sum("cnt").alias("cnt")]
     for m in measures(stream):
+        if only is not None and m.name not in only:
+            continue
         aggs += [F.sum(f"sum_{m.name}").alias(f"sum_{m.name}"),
                  F.min(f"min_{m.name}").alias(f"min_{m.name}"),
                  F.max(f"max_{m.name}").alias(f"max_{m.name}")]
@@ -308,10 +312,13 @@ class SparkJob:
             if sq.exception() is not None:
                 raise RuntimeError(f"Spark query {sq.name} failed: {sq.exception()}")
 
-    def run_batch(self, folders: list[tuple[str, str]]) -> None:
+    def run_batch(self, folders: list[tuple[str, str]], only: Collection[str] | None = None
+                  ) -> None:
         """Answer a finite spool (``replay``) with one batch job per folder: the same merge as
         the streaming queries', without a watermark to wait for or state to keep (a bounded
-        input is Spark's batch case). The spool's files are left in place."""
+        input is Spark's batch case), of the measures in ``only`` (default: all; a measure
+        no query reads costs Spark three aggregates per row). The spool's files are left in
+        place."""
         for stream, folder in folders:
             path = self.spool_root / stream / folder
             if not any(path.glob("*.parquet")):
@@ -319,7 +326,7 @@ class SparkJob:
             df = (self.spark.read.schema(spark_ddl(schema_for(stream, folder)))
                   .parquet(str(path)))
             if folder != "select":
-                df = merge_partials(df, stream, None)
+                df = merge_partials(df, stream, None, only)
             t0 = time.perf_counter()
             table = df.toArrow()
             t1 = time.perf_counter()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+from hypothesis import given
+from hypothesis import strategies as st
 
 from capture.fields import ip_bytes, ip_text
 from capture.pcap import open_capture
@@ -24,6 +26,22 @@ def test_address_text_equals_ip_text_on_real_captures():
     mixed = pa.array([ip_bytes("10.1.2.3"), None, ip_bytes("2001:db8::1"),
                       ip_bytes("64:ff9b::a01:203")], pa.binary())
     assert _ip_strings(mixed).to_pylist() == ["10.1.2.3", None, "2001:db8::1", "64:ff9b::a01:203"]
+
+
+GROUP = st.sampled_from([0, 0, 0, 1, 0xFFFF]) | st.integers(0, 0xFFFF)
+ADDRESS = (st.lists(GROUP, min_size=8, max_size=8).map(
+    lambda g: b"".join(x.to_bytes(2, "big") for x in g))
+           | st.binary(min_size=4, max_size=4).map(lambda v4: bytes(10) + b"\xff\xff" + v4)
+           | st.none())
+
+
+@given(st.lists(ADDRESS, max_size=60), st.integers(0, 10))
+def test_address_text_equals_ip_text_on_drawn_addresses(values, cut):
+    """Zero runs of every length and place (RFC 5952's longest, first of equal ones),
+    IPv4-mapped and NULL addresses, repeated ones, in slices too."""
+    arr = pa.array(values + values[:cut], pa.binary())
+    for a in (arr, arr.slice(min(cut, len(arr)))):
+        assert _ip_strings(a).to_pylist() == [ip_text(v) for v in a.to_pylist()]
 
 
 def test_rows_of_a_finer_node_merge_to_the_query_keys():
