@@ -75,14 +75,14 @@ def measure(capture, plan: Plan, spool: Spool, settings: Settings,
     return meter.selectivities(), sampler.samples()
 
 
-def _warm_up(spark, streams: list[str]) -> threading.Thread:
+def _warm_up(spark, streams: list[str], only: set[str]) -> threading.Thread:
     """Spark's first job warms up (class loading, code generation) on the second core while
     the engine reads the capture; a failure here is left to the real job to report."""
     from collector.spark.job import warm_up
 
     def run() -> None:
         try:
-            warm_up(spark.result() if isinstance(spark, Future) else spark, streams)
+            warm_up(spark.result() if isinstance(spark, Future) else spark, streams, only)
         except Exception:  # noqa: BLE001, S110 - the real job reports Spark's failures
             pass
     t = threading.Thread(target=run, name="spark-warm-up", daemon=True)
@@ -126,7 +126,9 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
         plan = measured_plan(capture, queries, plan, spool, settings, flow_ports)
     error = None
     engine = None
-    warming = _warm_up(spark, plan.streams()) if settings.spool.format == "parquet" else None
+    only = {m for qp in plan.queries for m in qp.query.measures}  # what Spark merges
+    warming = _warm_up(spark, plan.streams(), only) if settings.spool.format == "parquet" \
+        else None
     for stream in ("packets", "flows"):
         if not any(q.stream == stream for q in queries):
             continue
@@ -158,7 +160,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
                    spool_format=settings.spool.format)
     folders = [(s, f) for s in plan.streams() for f in plan.folders(s)]
     if settings.spool.format == "parquet":
-        job.run_batch(folders, {m for qp in plan.queries for m in qp.query.measures})
+        job.run_batch(folders, only)
     else:  # the Python data source reads Arrow IPC as a stream
         job.run_available_now(folders)
     answers = [(q, read_results(work / "results", q)) for q in queries]

@@ -15,7 +15,7 @@ from collector.config import Settings, data_file
 from collector.engine import Engine
 from collector.metrics import Metrics
 from collector.results import read_results
-from collector.spark.job import SparkJob
+from collector.spark.job import BYPASS_PARTIAL, SparkJob, batch_merge
 from collector.spool import Spool, list_files
 from planner.plan import build_plan
 from planner.query import parse_queries
@@ -199,3 +199,19 @@ def test_the_spool_reader_takes_files_in_any_order(tmp_path):
         a.write("packets", "60", row)  # a: 3, 4
     reader.commit({"seq": 3})
     assert [p.name for p in list_files(folder)] == [f"{4:016d}.a.arrow"]
+
+
+def test_a_batch_merge_leaves_the_session_as_it_was(spark):
+    """Bypassing Spark's partial aggregation is the batch merge's own setting: the streaming
+    queries of a daemon sharing the session never see it."""
+    before = spark.conf.get(BYPASS_PARTIAL, None)
+    with batch_merge(spark):
+        assert spark.conf.get(BYPASS_PARTIAL) == "true"
+    assert spark.conf.get(BYPASS_PARTIAL, None) == before
+    spark.conf.set(BYPASS_PARTIAL, "false")
+    try:
+        with batch_merge(spark):
+            pass
+        assert spark.conf.get(BYPASS_PARTIAL) == "false"
+    finally:
+        spark.conf.unset(BYPASS_PARTIAL)
