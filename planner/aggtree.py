@@ -185,10 +185,17 @@ def _attach(parent, in_tree, prev, src, dst) -> None:
             in_tree.add(child)
 
 
+def one_sketch(keys: frozenset[str]) -> bool:
+    """A node's rows carry at most one sketch (approx_count_distinct's ``~f`` keys)."""
+    return sum(k.startswith("~") for k in keys) <= 1
+
+
 def randomized(queries: dict[int, AggNode], size: SizeFn, hash_cost: HashCostFn,
                c1: int = 8, c2: int = 8, seed: int = 0, out_cost: float = 0.0,
-               stream_size: SizeFn | None = None) -> AggTree:
-    """Algorithm 1 with the filter variant: ``c1`` iterations of ``c2`` random unions."""
+               stream_size: SizeFn | None = None,
+               packable: Callable[[frozenset[str]], bool] = one_sketch) -> AggTree:
+    """Algorithm 1 with the filter variant: ``c1`` iterations of ``c2`` random unions;
+    a union whose keys a row cannot hold (``packable``) is no candidate."""
     rng = random.Random(seed)
     terminals = sorted(set(queries.values()))
     best = naive_tree(queries, size, hash_cost, out_cost, stream_size)
@@ -210,8 +217,7 @@ def randomized(queries: dict[int, AggNode], size: SizeFn, hash_cost: HashCostFn,
                 if u != v and u.covers(v):
                     extra.add(AggNode(u.keys, v.slots))  # v's filter, u's attributes
                     extra.add(AggNode(v.keys, u.slots))  # v's attributes, u's filter
-        # a node's rows carry at most one sketch (approx_count_distinct's ~f keys)
-        extra = {v for v in extra if sum(k.startswith("~") for k in v.keys) <= 1}
+        extra = {v for v in extra if packable(v.keys)}
         parent = steiner(sorted(keep | extra), terminals, size, hash_cost, out_cost,
                          stream_size)
         cost = tree_cost(parent, size, hash_cost, out_cost, stream_size)

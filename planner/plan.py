@@ -13,7 +13,15 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from capture.fields import IP, STRING, fields, key_field, key_kind
-from planner.aggtree import ROOT, AggNode, AggTree, edge_cost, naive_tree, randomized
+from planner.aggtree import (
+    ROOT,
+    AggNode,
+    AggTree,
+    edge_cost,
+    naive_tree,
+    one_sketch,
+    randomized,
+)
 from planner.asc import ASC, add_candidate_arrows, asc_attributes, build_asc, single_attribute
 from planner.bpf import bpf_expression
 from planner.charts import Chart, ChartOptions, NodeModel, node_model
@@ -399,6 +407,14 @@ def build_plan(queries: list[Query], slots: dict[str, int] | None = None, versio
                 asc_min_constants=asc_min_constants or 0, trees=trees)
 
 
+def packable(stream: str, keys: frozenset[str]) -> bool:
+    """Whether one key holds a node of these keys (collector/keys.py): at most one sketch,
+    and at most one string field (its bytes end the key), a sketched one included (the
+    LFTA's table keys on the field it sketches)."""
+    return one_sketch(keys) and sum(key_kind(stream, k.removeprefix("~")) == STRING
+                                    for k in keys) <= 1
+
+
 def aggregate_trees(qplans: list[QueryPlan], infos: list[PredicateInfo],
                     samples: dict[str, TupleSample], hfta_row_cost: float, seed: int,
                     search: bool = True) -> list[FolderTree]:
@@ -430,7 +446,9 @@ def aggregate_trees(qplans: list[QueryPlan], infos: list[PredicateInfo],
         naive_plan = naive_tree(terminals, sizes, hash_cost, hfta_row_cost, sizes.tuples_of)
         naive = naive_plan.cost
         tree = randomized(terminals, sizes, hash_cost, seed=seed, out_cost=hfta_row_cost,
-                          stream_size=sizes.tuples_of) if search else naive_plan
+                          stream_size=sizes.tuples_of,
+                          packable=lambda keys, stream=stream: packable(stream, keys)) \
+            if search else naive_plan
         edge = edge_cost(sizes, hash_cost, hfta_row_cost, sizes.tuples_of)
         period = qps[0].query.period
         out.append(FolderTree(stream, folder, period, tree, naive,

@@ -24,6 +24,7 @@ from capture.fields import (
     STRING,
     fields,
     ip_int,
+    key_field,
     parse_prefix,
     prefix_network,
 )
@@ -682,6 +683,13 @@ class _Builder:
             raise self.err(f"one field per query for approx_count_distinct (a node's rows "
                            f"carry one sketch), not {', '.join(sorted(approx))}; use "
                            "count(DISTINCT f) or a query per field", st)
+        counted = [o.field for o in outputs if o.func in ("count_distinct", "approx_distinct")]
+        strings = [f for f in dict.fromkeys([*keys, *counted])
+                   if self.cat[key_field(f)[0]].kind == STRING]
+        if len(strings) > 1:
+            raise self.err(f"a query groups by or counts distinct values of at most one text "
+                           f"field (a partial row's key holds one), not {', '.join(strings)}",
+                           st)
         having = self.having(st.args.get("having"), outputs)
         order = self.order(st.args.get("order"), outputs)
         limit = self.limit(st)

@@ -106,3 +106,18 @@ def test_steiner_alone_finds_the_shared_node_in_the_graph():
                      lambda v: 1000 if v.root else (100 if len(v.keys) == 3 else 50),
                      lambda v: len(v.keys))
     assert parent[node("ABC", every)] == ROOT
+
+
+@settings(max_examples=40, deadline=None)
+@given(workloads(), st.integers(0, 3))
+def test_no_node_joins_what_one_row_cannot_hold(w, seed):
+    """With sharing made cheap (every node small), the tree never unites attributes a row's
+    key cannot hold together (here: a with b, as two text fields), whatever the workload."""
+    queries, _ = w
+    queries = {s: v for s, v in queries.items() if not {"a", "b"} <= v.keys}
+    if not queries:
+        return
+    tree = randomized(queries, lambda v: 1_000 if v.root else 1 + len(v.keys),
+                      lambda v: 1 + len(v.keys), c1=4, c2=4, seed=seed,
+                      packable=lambda keys: not {"a", "b"} <= keys)
+    assert all(not {"a", "b"} <= v.keys for v in tree.parent)

@@ -43,3 +43,29 @@ def test_json_contract():
     assert {"id", "predicates"} <= set(doc["bits"][0])
     assert {"name", "slot", "signature", "ascs", "residual"} <= set(doc["queries"][0])
     assert doc["ascs"] == []
+
+
+def test_every_tree_node_fits_one_key_row():
+    """Queries keyed on, counting or sketching different text fields (DNS names): whatever
+    the random search and however cheap sharing is, every maintained node packs into one spool
+    key and one LFTA table key (collector/keys.py holds one string field: a node uniting
+    dns_an_name with a sketch of dns_qname once failed in CI)."""
+    from collector.keys import KeyLayout
+    queries = parse_queries("""
+-- name: names
+SELECT time/10 AS t, approx_count_distinct(dns_qname) AS names FROM packets GROUP BY time/10;
+-- name: ttls
+SELECT time/10 AS t, dns_an_name, dns_an_addr, count(DISTINCT dns_an_ttl) AS ttls FROM packets
+WHERE dns_qr = 1 GROUP BY time/10, dns_an_name, dns_an_addr;
+-- name: asked
+SELECT time/10 AS t, dns_qname, count(*) AS n FROM packets GROUP BY time/10, dns_qname;
+-- name: per_src
+SELECT time/10 AS t, src_ip, count(DISTINCT dns_an_addr) AS n FROM packets GROUP BY time/10, src_ip;
+""")
+    for seed in range(12):
+        for cost in (0.01, 1.0, 200.0):
+            plan = build_plan(queries, tree_seed=seed, hfta_row_cost=cost)
+            for tree in plan.trees:
+                for keys, _ in tree.maintained():
+                    spool = KeyLayout("packets", keys, 1)
+                    KeyLayout("packets", spool.table_keys(), 1)

@@ -83,6 +83,8 @@ def test_normalised_predicates_are_one(a, b):
      "dst_port) AS b FROM packets GROUP BY time/60, src_ip", 1, 8, "one field per query"),
     ("SELECT time/60, payload, count(*) FROM packets GROUP BY time/60, payload", 1, 66,
      "cannot be grouped by"),
+    ("SELECT time/60, dns_qname, approx_count_distinct(dns_an_name) AS a FROM packets "
+     "GROUP BY time/60, dns_qname", 1, 8, "at most one text field"),
 ])
 def test_errors_name_line_and_column(sql, line, col, reason):
     with pytest.raises(QueryError) as e:
