@@ -35,6 +35,7 @@ from collector.config import LftaConfig
 from collector.keys import KeyLayout
 from collector.spool import TS_US, aggregate_schema
 from planner.charts import Chart, LftaPlan, Scheduler, fit_groups
+from planner.sizes import mix
 from planner.slots import slot_mask
 
 I64_MAX = np.iinfo(np.int64).max
@@ -177,13 +178,6 @@ def measure_arrays(meas: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return sums, mins, meas
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser over uint64 words."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def sketch_rows(p: Partials, strings: pa.Array | None, table: KeyLayout, spool: KeyLayout,
                 lg_k: int) -> tuple[Partials, pa.Array | None, pa.Array]:
     """Rows keyed on the table's layout (one per value of the sketched field) merged into rows
@@ -220,8 +214,8 @@ def sketch_rows(p: Partials, strings: pa.Array | None, table: KeyLayout, spool: 
     kind = table.kinds[table.keys.index(field)]
     if kind == IP:
         valid = words[:, c] != 0
-        vals = _mix64(_mix64(words[:, c + 1].view(np.uint64)) ^
-                      words[:, c + 2].view(np.uint64)).view(np.int64)
+        vals = mix(mix(words[:, c + 1].view(np.uint64)) ^
+                   words[:, c + 2].view(np.uint64)).view(np.int64)
     elif kind == STRING:
         s = strings  # the table's string key is the sketched field
         valid = s.is_valid().to_numpy(zero_copy_only=False)

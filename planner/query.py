@@ -712,19 +712,20 @@ class _Builder:
                                "address's own family: prefix(src_ip, 24) cuts IPv4 to /24, "
                                "IPv6 to /24)", args[1])
             return f"{f}/{int(n)}"
+        return self.groupable(node, "field {f!r} cannot be grouped by")
+
+    def groupable(self, node: exp.Expression, error: str) -> str:
+        """The groupable field ``node`` names; ``error`` (formatted with ``f``) if not."""
         f = self.field_name(node)
         if not self.cat[f].groupable:
-            raise self.err(f"field {f!r} cannot be grouped by", node)
+            raise self.err(error.format(f=f), node)
         return f
 
     def agg(self, node: exp.AggFunc) -> tuple[str, str | None]:
         func = node.key.lower()
         if func == "approxdistinct":  # approx_count_distinct(f): HyperLogLog (DataSketches)
-            f = self.field_name(node.this)
-            if not self.cat[f].groupable:
-                raise self.err(f"approx_count_distinct({f}) needs a field that can be grouped "
-                               "by", node.this)
-            return "approx_distinct", f
+            return "approx_distinct", self.groupable(
+                node.this, "approx_count_distinct({f}) needs a field that can be grouped by")
         if func not in AGG_FUNCS:
             raise self.err(f"aggregate {func}() is not supported (count, sum, min, max, avg)",
                            node)
@@ -733,11 +734,8 @@ class _Builder:
             if isinstance(arg, exp.Star):
                 return "count", None
             if isinstance(arg, exp.Distinct) and len(arg.expressions) == 1:
-                f = self.field_name(arg.expressions[0])
-                if not self.cat[f].groupable:
-                    raise self.err(f"count(DISTINCT {f}) needs a field that can be grouped by",
-                                   arg.expressions[0])
-                return "count_distinct", f
+                return "count_distinct", self.groupable(
+                    arg.expressions[0], "count(DISTINCT {f}) needs a field that can be grouped by")
             raise self.err("count takes * or DISTINCT and one field: count(*), "
                            "count(DISTINCT dst_ip)", node)
         f = self.field_name(arg)
