@@ -181,7 +181,9 @@ class Engine:
                 fp.tables = [NodeTable(self.stream, period, keys, slots, cp.q_words,
                                        self.lfta_config,
                                        tree.chart(keys, slots) if tree and om.enabled else None,
-                                       om.history, om.decay)
+                                       om.history, om.decay,
+                                       {m for qp in qps if qp.slot in slots
+                                        for m in qp.query.measures})
                              for keys, slots in maintained_nodes(plan, self.stream, folder)]
             folders.append(fp)
             for t in fp.tables:

@@ -56,44 +56,54 @@ def _hash(keys, i):
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def _upsert(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, r, cnt, sums,
-            mins, maxs, i):
-    """Merge key row ``r`` of ``keys`` with count ``cnt`` and row ``i`` of sums, mins and maxs
-    into the table. Returns the entries held after, or -1 when the key needs a new entry and
-    the table already holds ``limit``. A negative measure is a tuple's NULL (the ip_len of a
-    frame without IP): it adds nothing to the sum and the min skips it (``I64_MAX``, read back
-    as NULL); a max of NULLs only stays -1 (NULL). Partial rows carry these sentinels already."""
+def _slot(t_keys, t_used, keys, r):
+    """Where key row ``r`` of ``keys`` lives in the table: (slot, True) when it is held,
+    (the free slot its probe reached, False) when it is not."""
     mask = np.uint64(t_keys.shape[0] - 1)
-    kw = keys.shape[1]
     slot = np.int64(_hash(keys, r) & mask)
     while True:
         if not t_used[slot]:
-            if n_used >= limit:
-                return -1
-            t_used[slot] = True
-            for k in range(kw):
-                t_keys[slot, k] = keys[r, k]
-            t_cnt[slot] = cnt
-            for m in range(sums.shape[1]):
-                t_sum[slot, m] = max(sums[i, m], 0)
-                t_min[slot, m] = mins[i, m] if mins[i, m] >= 0 else I64_MAX
-                t_max[slot, m] = maxs[i, m]
-            return n_used + 1
+            return slot, False
         same = True
-        for k in range(kw):
+        for k in range(keys.shape[1]):
             if t_keys[slot, k] != keys[r, k]:
                 same = False
                 break
         if same:
-            t_cnt[slot] += cnt
-            for m in range(sums.shape[1]):
-                t_sum[slot, m] += max(sums[i, m], 0)
-                if 0 <= mins[i, m] < t_min[slot, m]:
-                    t_min[slot, m] = mins[i, m]
-                if maxs[i, m] > t_max[slot, m]:
-                    t_max[slot, m] = maxs[i, m]
-            return n_used
+            return slot, True
         slot = np.int64((np.uint64(slot) + np.uint64(1)) & mask)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _put(t_cnt, t_sum, t_min, t_max, slot, held, cnt, sums, mins, maxs, i):
+    """Merge count ``cnt`` and row ``i`` of sums, mins and maxs into ``slot`` (``held``: it
+    holds a row already; else it starts one). A negative measure is a tuple's NULL (the ip_len
+    of a frame without IP): it adds nothing to the sum and the min skips it (``I64_MAX``, read
+    back as NULL); a max of NULLs only stays -1 (NULL). Partial rows carry these sentinels
+    already. (The probe and the update are two small functions: numba made one function of
+    both, with its dozen array arguments, five times slower per tuple.)"""
+    if held:
+        t_cnt[slot] += cnt
+        for m in range(sums.shape[1]):
+            t_sum[slot, m] += max(sums[i, m], 0)
+            if 0 <= mins[i, m] < t_min[slot, m]:
+                t_min[slot, m] = mins[i, m]
+            if maxs[i, m] > t_max[slot, m]:
+                t_max[slot, m] = maxs[i, m]
+    else:
+        t_cnt[slot] = cnt
+        for m in range(sums.shape[1]):
+            t_sum[slot, m] = max(sums[i, m], 0)
+            t_min[slot, m] = mins[i, m] if mins[i, m] >= 0 else I64_MAX
+            t_max[slot, m] = maxs[i, m]
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _claim(t_keys, t_used, slot, keys, r):
+    """Start a row for key row ``r`` in the free ``slot``."""
+    t_used[slot] = True
+    for k in range(keys.shape[1]):
+        t_keys[slot, k] = keys[r, k]
 
 
 @nb.njit(cache=True, nogil=True)
@@ -102,11 +112,13 @@ def merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, 
     """Merge rows ``start…`` of (keys, cnt, sums, mins, maxs) into the table; stop before a row
     that would make the table hold more than ``limit`` entries. Returns (next row, entries)."""
     for i in range(start, keys.shape[0]):
-        n = _upsert(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, i,
-                    cnt[i], sums, mins, maxs, i)
-        if n < 0:
-            return i, n_used
-        n_used = n
+        slot, held = _slot(t_keys, t_used, keys, i)
+        if not held:
+            if n_used >= limit:
+                return i, n_used
+            _claim(t_keys, t_used, slot, keys, i)
+            n_used += 1
+        _put(t_cnt, t_sum, t_min, t_max, slot, held, cnt[i], sums, mins, maxs, i)
     return keys.shape[0], n_used
 
 
@@ -154,11 +166,13 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
                 c += 3
         for w in range(words):
             key[0, c + w] = np.int64(Q[i, w] & mask[w])
-        got = _upsert(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, key, 0, 1,
-                      meas_t, meas_t, meas_t, i)
-        if got < 0:
-            return i, n_used, merged, first
-        n_used = got
+        slot, held = _slot(t_keys, t_used, key, 0)
+        if not held:
+            if n_used >= limit:
+                return i, n_used, merged, first
+            _claim(t_keys, t_used, slot, key, 0)
+            n_used += 1
+        _put(t_cnt, t_sum, t_min, t_max, slot, held, 1, meas_t, meas_t, meas_t, i)
         merged += 1
         if ws < first:
             first = ws
@@ -166,7 +180,7 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
 
 
 def measure_arrays(meas: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Tuples' measures as the sums, mins and maxs of partials of one (``_upsert``'s rule for
+    """Tuples' measures as the sums, mins and maxs of partials of one (``_put``'s rule for
     a NULL measure: 0 in the sum, ``I64_MAX`` as the min, -1 as the max); only a measure
     column holding NULLs is copied."""
     sums, mins = meas, meas  # (tuples, measures)
@@ -432,7 +446,7 @@ class NodeTable:
 
     def __init__(self, stream: str, period: int, keys, slots, q_words: int,
                  lfta: LftaConfig | None, chart: Chart | None = None,
-                 history: int = 5, decay: float = 0.5):
+                 history: int = 5, decay: float = 0.5, reads=None):
         self.stream, self.period = stream, period
         self.spool_layout = KeyLayout(stream, keys, q_words)  # what the spool's rows carry
         # what the table keys on: with a sketch key (~dst_ip), the sketched field too (its
@@ -443,7 +457,10 @@ class NodeTable:
         self.name = f"{period}s/{','.join(sorted(keys)) or '-'}/" \
             f"{'.'.join(map(str, self.slots))}"
         self.mask = slot_mask(slots, q_words)
-        self.measures = [m.name for m in measures(stream)]
+        # the measures its queries read (``reads``; default: all): the table holds and the
+        # spool carries only these, the others' columns are NULL
+        self.all_measures = [m.name for m in measures(stream)]
+        self.measures = [m for m in self.all_measures if reads is None or m in reads]
         self.lfta = lfta
         self.table = None
         self.scheduler: Scheduler | None = None  # OM (planner/charts.py)
@@ -589,8 +606,14 @@ class NodeTable:
                 pa.array(np.full(n, self.spool_layout.label), pa.string()),
                 self.spool_layout.encode(p.keys[:, 1:], strings),
                 pa.array(p.cnt)]
-        for m in range(len(self.measures)):
-            cols += [pa.array(p.sums[:, m]), pa.array(p.mins[:, m]), pa.array(p.maxs[:, m])]
+        at = {name: m for m, name in enumerate(self.measures)}
+        for name in self.all_measures:
+            if name in at:
+                m = at[name]
+                cols += [pa.array(p.sums[:, m]), pa.array(p.mins[:, m]),
+                         pa.array(p.maxs[:, m])]
+            else:
+                cols += [pa.nulls(n, pa.int64())] * 3
         cols.append(hll if hll is not None else pa.nulls(n, pa.binary()))
         cols.append(pa.array(np.full(n, probe), pa.string()))
         return pa.Table.from_arrays(cols, schema=self.schema)

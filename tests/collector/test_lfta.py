@@ -181,8 +181,9 @@ def test_node_table_merges_columns_as_it_merges_key_rows(name, keys):
     assert fused.table.stats.rows_in == ref.stats.rows_in > 0
 
 
-# a statistical bound (3 sigma) holds for most draws, not all: the examples are fixed
-# (derandomized) so the verdict never changes between runs
+# a statistical bound: 3 standard deviations hold in 99.7 % of draws, so over the ~100 checks
+# of a run one fails every few runs (hypothesis's examples change with any module's source, as
+# it draws constants from them); five hold in all but one of 1.7 million
 @settings(max_examples=25, deadline=None, derandomize=True, database=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 30_000), st.integers(0, 3)),
                 min_size=1, max_size=8),
@@ -192,7 +193,8 @@ def test_hll_sketches_within_their_bound(spec, seed, lg_k):
     them, in several flushes (or capture daemons), merged per protocol into DataSketches HLL
     sketches (``sketch_rows``), united per group (``estimates``): every estimate lies within
     three standard deviations of the exact distinct count, per the sketch's own bounds; cnt
-    and the measures are summed exactly."""
+    and the measures are summed exactly. The bound is the sketch's own three-sigma interval
+    widened to five sigma (the checks are many, see above)."""
     import datasketches as ds
 
     from collector.keys import KeyLayout
@@ -226,5 +228,7 @@ def test_hll_sketches_within_their_bound(spec, seed, lg_k):
         for b in blobs[proto]:
             u.update(ds.hll_sketch.deserialize(b))
         assert est == round(u.get_estimate())
-        assert u.get_lower_bound(3) <= len(exact[proto]) <= u.get_upper_bound(3), \
-            (proto, est, len(exact[proto]))
+        mid = u.get_estimate()
+        low = mid - (mid - u.get_lower_bound(3)) * 5 / 3
+        high = mid + (u.get_upper_bound(3) - mid) * 5 / 3
+        assert low <= len(exact[proto]) <= high, (proto, est, len(exact[proto]))
