@@ -192,43 +192,61 @@ def _dns(buf, d, end, ints, want, i, want_qname, qn_len, qn_buf, want_an, an_add
 
 
 @nb.njit(cache=True, inline="always")
-def _l4(buf, p, end, proto, ints, want, i, want_dns, want_qname, qn_len, qn_buf, want_an,
-        an_addr, an_ok, an_len, an_buf, pl_off, pl_len):
-    if pl_len.shape[0]:  # the payload after the L4 header (TCP's own length, set below)
-        head = 8 if proto == 17 or proto == 1 or proto == 58 else 12 if proto == 132 else -1
-        if head > 0 and p + head <= end:
-            pl_off[i] = p + head
-            pl_len[i] = end - p - head
+def _l4(buf, p, end, proto, ints, want, i):
+    """Ports, TCP flags, ICMP type and code of the L4 header at ``p``."""
     if proto == 6 or proto == 17 or proto == 132:
         if p + 4 > end:
             return
-        sp = _be16(buf, p)
-        dp = _be16(buf, p + 2)
-        _put(ints, want, C_SPORT, i, sp)
-        _put(ints, want, C_DPORT, i, dp)
-        if proto == 6:
-            if p + 14 > end:
-                return
+        _put(ints, want, C_SPORT, i, _be16(buf, p))
+        _put(ints, want, C_DPORT, i, _be16(buf, p + 2))
+        if proto == 6 and p + 14 <= end:
             _put(ints, want, C_TCPF, i, buf[p + 13])
-            if pl_len.shape[0]:
-                hl = (np.int64(buf[p + 12]) >> 4) * 4
-                if hl >= 20 and p + hl <= end:
-                    pl_off[i] = p + hl
-                    pl_len[i] = end - p - hl
-            if want_dns and (sp == 53 or dp == 53 or sp == 5353 or dp == 5353):
-                doff = (np.int64(buf[p + 12]) >> 4) * 4
-                if doff >= 20 and p + doff + 2 + 12 <= end:
-                    _dns(buf, p + doff + 2, end, ints, want, i, want_qname, qn_len, qn_buf,
-                         want_an, an_addr, an_ok, an_len, an_buf)
-        elif proto == 17:
-            if want_dns and (sp == 53 or dp == 53 or sp == 5353 or dp == 5353):
-                _dns(buf, p + 8, end, ints, want, i, want_qname, qn_len, qn_buf, want_an,
-                     an_addr, an_ok, an_len, an_buf)
     elif proto == 1 or proto == 58:
         if p + 2 > end:
             return
         _put(ints, want, C_ICT, i, buf[p])
         _put(ints, want, C_ICC, i, buf[p + 1])
+
+
+@nb.njit(cache=True)
+def unpack_deep(buf, l4_at, l4_end, l4_proto, ints, want, want_dns, want_qname, qn_len,
+                qn_buf, want_an, an_addr, an_ok, an_len, an_buf, pl_off, pl_len):
+    """The variable-offset fields after the L4 header, in a pass of their own over the
+    packets the first pass found an L4 header in (``l4_at`` >= 0): the payload's offset and
+    length (after TCP's own header length) and the DNS message of port 53/5353. (In the
+    first pass, these columns' arrays made numba's loop three times slower per packet even
+    for packets without DNS.)"""
+    for i in range(l4_at.shape[0]):
+        p = l4_at[i]
+        if p < 0:
+            continue
+        end = l4_end[i]
+        proto = l4_proto[i]
+        if pl_len.shape[0]:
+            head = 8 if proto == 17 or proto == 1 or proto == 58 else 12 if proto == 132 \
+                else -1
+            if proto == 6 and p + 14 <= end:
+                hl = (np.int64(buf[p + 12]) >> 4) * 4
+                head = hl if hl >= 20 else -1
+            if head > 0 and p + head <= end:
+                pl_off[i] = p + head
+                pl_len[i] = end - p - head
+        if not want_dns or not (proto == 6 or proto == 17) or p + 4 > end:
+            continue
+        sp = _be16(buf, p)
+        dp = _be16(buf, p + 2)
+        if not (sp == 53 or dp == 53 or sp == 5353 or dp == 5353):
+            continue
+        if proto == 6:
+            if p + 14 > end:
+                continue
+            doff = (np.int64(buf[p + 12]) >> 4) * 4
+            if doff >= 20 and p + doff + 2 + 12 <= end:
+                _dns(buf, p + doff + 2, end, ints, want, i, want_qname, qn_len, qn_buf,
+                     want_an, an_addr, an_ok, an_len, an_buf)
+        else:
+            _dns(buf, p + 8, end, ints, want, i, want_qname, qn_len, qn_buf, want_an, an_addr,
+                 an_ok, an_len, an_buf)
 
 
 @nb.njit(cache=True, inline="always")
@@ -311,13 +329,15 @@ def link_walk(buf, p, end, linktype):
 
 @nb.njit(cache=True)
 def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_src, want_dst,
-                   walk_ip, walk_l4, want_dns, want_qname, ints, src, dst, qn_len, qn_buf,
-                   want_an, an_addr, an_ok, an_len, an_buf, pl_off, pl_len):
-    """Decode every record of a batch into the caller-allocated columns (NULL = -1).
+                   walk_ip, walk_l4, ints, src, dst, l4_at, l4_end, l4_proto):
+    """Decode every record of a batch into the caller-allocated columns (NULL = -1), down to
+    the L4 header's fixed fields; where ``l4_at`` has room, each packet's L4 header offset,
+    end and protocol for ``unpack_deep`` (-1: none).
 
     ``want`` says which integer columns to write; the walk flags say how deep to decode (the
     plan's unpack groups, chosen by weighted set cover in planner/unpacking.py). Returns a
     checksum of the prefetch loads (see capture/records.py)."""
+    deep = l4_at.shape[0] > 0
     sink = np.int64(0)
     ahead = offset[0] if offset.shape[0] else 0
     for i in range(offset.shape[0]):
@@ -375,8 +395,9 @@ def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_s
             if tot >= ihl and p + tot < end:  # drop Ethernet trailer padding
                 l4end = p + tot
             if walk_l4 and foff == 0 and p + ihl <= l4end:
-                _l4(buf, p + ihl, l4end, proto, ints, want, i, want_dns, want_qname, qn_len,
-                    qn_buf, want_an, an_addr, an_ok, an_len, an_buf, pl_off, pl_len)
+                _l4(buf, p + ihl, l4end, proto, ints, want, i)
+                if deep:
+                    l4_at[i], l4_end[i], l4_proto[i] = p + ihl, l4end, proto
         elif et == 0x86DD:
             if p + 40 > end or (buf[p] >> 4) != 6:
                 continue
@@ -436,8 +457,9 @@ def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_s
             if fid >= 0:
                 _put(ints, want, C_IPID, i, fid)
             if walk_l4 and ok and first and q <= l4end:
-                _l4(buf, q, l4end, nh, ints, want, i, want_dns, want_qname, qn_len, qn_buf,
-                    want_an, an_addr, an_ok, an_len, an_buf, pl_off, pl_len)
+                _l4(buf, q, l4end, nh, ints, want, i)
+                if deep:
+                    l4_at[i], l4_end[i], l4_proto[i] = q, l4end, nh
     return sink
 
 
@@ -566,10 +588,16 @@ def unpack(raw, want: Iterable[str] | None = None) -> TupleBatch:
     want_payload = "payload" in names
     pl_off = np.zeros(n if want_payload else 0, dtype=np.int64)
     pl_len = np.full(n if want_payload else 0, -1, dtype=np.int64)
+    deep = n if want_dns or want_payload else 0
+    l4_at = np.full(deep, -1, np.int64)
+    l4_end = np.empty(deep, np.int64)
+    l4_proto = np.empty(deep, np.int32)
     unpack_packets(raw.buf, raw.offset, raw.caplen, raw.wirelen, raw.linktype, raw.iface,
                    want_int, want_src, want_dst, bool(groups & _IP_DEEP),
-                   bool(groups & _L4_DEEP), want_dns, want_qname, ints, src, dst, qn_len, qn_buf,
-                   want_an, an_addr, an_ok, an_len, an_buf, pl_off, pl_len)
+                   bool(groups & _L4_DEEP), ints, src, dst, l4_at, l4_end, l4_proto)
+    if deep:
+        unpack_deep(raw.buf, l4_at, l4_end, l4_proto, ints, want_int, want_dns, want_qname,
+                    qn_len, qn_buf, want_an, an_addr, an_ok, an_len, an_buf, pl_off, pl_len)
     ips = {}
     if want_src:
         ips["src_ip"] = src
