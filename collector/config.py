@@ -150,8 +150,9 @@ class PlannerConfig(BaseModel):
 
 
 class AscConfig(BaseModel):
-    min_constants: int = Field(3, ge=1, description="an attribute whose predicates use this "
-                               "many constants, or any range, is served by an ASC")
+    min_constants: int = Field(16, ge=1, description="an attribute whose predicates use this "
+                               "many distinct constants (range bounds included) is served by "
+                               "an ASC; fewer are cheaper as prefilter bits")
     strategy: Literal["hybrid", "macro", "fixed"] = "hybrid"
     period_tuples: int = Field(100_000, ge=1, description="λ: tuples per monitoring period")
     mu: float = Field(0.1, ge=0, description="μ: re-choose the ASC sequence when the dropping "

@@ -98,20 +98,20 @@ def single_attribute(p: Predicate) -> str | None:
     return fs[0] if len(fs) == 1 and all(a.op != "mask" for a in p.atoms) else None
 
 
-def asc_attributes(predicates: list[Predicate], min_constants: int = 3) -> set[str]:
+def asc_attributes(predicates: list[Predicate], min_constants: int = 16) -> set[str]:
     """DESIGN's "bits or ASC": attributes whose single-field predicates, across all queries,
-    use at least ``min_constants`` distinct constants or any range operator."""
+    use at least ``min_constants`` distinct constants (a range's bounds count as constants).
+    An ASC look-up costs about 16 ns a tuple (its sequencing included) against about 1 ns a
+    constant for a branch-free comparison in the bits kernel (bench/README.md, planner), so an
+    attribute with fewer constants is cheaper as bits, ranges included."""
     consts: dict[str, set] = {}
-    ranged: set[str] = set()
     for p in predicates:
         f = single_attribute(p)
         if f is None or fields(p.stream)[f].kind not in (INT32, INT64, IP):
             continue
         for a in p.atoms:
             consts.setdefault(f, set()).update(a.constants())
-            if a.is_range:
-                ranged.add(f)
-    return {f for f, c in consts.items() if len(c) >= min_constants or f in ranged}
+    return {f for f, c in consts.items() if len(c) >= min_constants}
 
 
 def _representative(constants: list[int], r: int, kind: str) -> int | None:

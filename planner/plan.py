@@ -160,7 +160,7 @@ class Plan:
     bpf: str = ""
     ascs: list[ASC] = field(default_factory=list)
     cover: Cover | None = None
-    asc_min_constants: int = 3
+    asc_min_constants: int = 16
     trees: list[FolderTree] = field(default_factory=list)
 
     def tree(self, stream: str, folder: str) -> FolderTree | None:
@@ -262,7 +262,7 @@ class Plan:
                          "(predicates independent; ASCs and residuals filter further)")
         if self.ascs:
             lines += ["", f"attribute selection constructs (>= {self.asc_min_constants} "
-                      "constants or a range):"]
+                      "constants):"]
             for a in self.ascs:
                 lines.append(f"  {a.attribute} [{a.stream}]: {a.n_regions} regions, predicates "
                              + " ".join(f"p{p}" for p in a.predicates)
@@ -310,13 +310,13 @@ class Plan:
 def build_plan(queries: list[Query], slots: dict[str, int] | None = None, version: int = 1,
                cheap_cost: float = 10.0, bit_budget: int | None = None,
                selectivity: dict[str, float] | None = None, max_j: int = 4,
-               asc_min_constants: int | None = 3,
+               asc_min_constants: int | None = 16,
                samples: dict[str, TupleSample] | None = None, hfta_row_cost: float = 200.0,
                tree_seed: int = 0, aggregate_tree: bool = True,
                charts: ChartOptions | None = None) -> Plan:
     """Compile queries into a plan; ``slots`` maps query names to slots (default: in order);
     ``selectivity`` maps predicate texts to measured selectivities; attributes with at least
-    ``asc_min_constants`` constants or a range get an ASC (None: no ASCs); ``samples`` are the
+    ``asc_min_constants`` constants get an ASC (None: no ASCs); ``samples`` are the
     engine's tuple samples per stream (node sizes of the aggregate trees), ``hfta_row_cost`` the
     cost of one partial row through Spark relative to hashing one tuple; without
     ``aggregate_tree`` every query keeps its own LFTA table (seed 002's baseline); ``charts``

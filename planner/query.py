@@ -102,11 +102,6 @@ class Atom:
         return list(self.values)
 
     @property
-    def is_range(self) -> bool:
-        return self.op in ("<", "<=", ">", ">=", "between") or (
-            self.op == "prefix" and self.values[1] < 128)
-
-    @property
     def text(self) -> str:
         not_ = "NOT " if self.negated else ""
         if self.op == "prefix":

@@ -20,6 +20,8 @@ from planner.reference import best_fixed_order, simulate
 from tests.conftest import capture
 from tests.reference import packets
 
+ASC_ALL = 1  # every attribute with a constant gets an ASC, as in the paper's model
+
 EXAMPLE = """
 SELECT ts FROM packets WHERE dst_port < 100 AND ttl BETWEEN 32 AND 64;
 SELECT ts FROM packets WHERE dst_port = 53;
@@ -31,7 +33,7 @@ def test_worked_example():
     """Queries (slots 0-2):  q0: dst_port < 100 AND ttl BETWEEN 32 AND 64
                              q1: dst_port = 53
                              q2: dst_port > 1000
-    dst_port has 3 constants and ranges, ttl a range: both get an ASC, no bits.
+    With ASC_ALL, dst_port (3 constants) and ttl (2) both get an ASC, no bits.
 
     ASC(dst_port): constants 53, 100, 1000; qub = 111 (q0 q1 q2)
         region         qrb (q0 q1 q2)   cab (ttl decides q0 only)
@@ -55,7 +57,7 @@ def test_worked_example():
         t3 = (dst_port 8080, ttl 10):  111 & (1000,+inf) 001 = 001; ttl decides only q0,
                                        which is clear -> stop: q2; 1 ASC evaluated
     """
-    plan = build_plan(parse_queries(EXAMPLE))
+    plan = build_plan(parse_queries(EXAMPLE), asc_min_constants=ASC_ALL)
     assert plan.bits == []
     by = {a.attribute: a for a in plan.ascs}
     port, ttl = by["dst_port"], by["ttl"]
@@ -106,7 +108,7 @@ SELECT ts FROM packets WHERE protocol IN (1, 58) AND ttl <= 255
 def test_regions_equal_reference_and_kernel_equals_simulation():
     """Regions from the numba search equal ASC.region_of on dpkt's values; the kernel's
     masks and evaluation counts equal the reference evaluator's under macro and hybrid."""
-    plan = build_plan(parse_queries(WORKLOAD))
+    plan = build_plan(parse_queries(WORKLOAD), asc_min_constants=ASC_ALL)
     cp, tbs = _sample(plan)
     ref = packets(capture("ok.pcap"))
     tb = tbs[0]
@@ -134,7 +136,7 @@ def test_regions_equal_reference_and_kernel_equals_simulation():
 
 
 def test_dp_best_order_equals_brute_force_and_beats_or_ties_macro():
-    plan = build_plan(parse_queries(WORKLOAD))
+    plan = build_plan(parse_queries(WORKLOAD), asc_min_constants=ASC_ALL)
     cp, tbs = _sample(plan)
     tb = tbs[0]
     ints, ip_hi, ip_lo, ip_ok = kernel_inputs(cp, tb)
@@ -152,7 +154,7 @@ def test_dp_best_order_equals_brute_force_and_beats_or_ties_macro():
 def test_adaptive_rearrangement_follows_eq_5():
     """After the first period the sequence is chosen and d_init recorded; later periods
     re-choose it exactly when |d_cur - d_init| / d_init >= mu (eq. 5)."""
-    plan = build_plan(parse_queries(WORKLOAD))
+    plan = build_plan(parse_queries(WORKLOAD), asc_min_constants=ASC_ALL)
     cp, ok = _sample(plan, "ok.pcap")
     rt = AscRuntime(cp, "hybrid", period=10**9, mu=0.5, sample=512)
     run_prefilter(cp, ok[0], rt)  # fills the period's sample; the period has not ended
