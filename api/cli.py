@@ -101,6 +101,10 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--format", choices=("table", "csv", "json"), default="table",
                     help="table for people, csv or json lines for scripts (default table)")
     rp.add_argument("--bits", type=_bits, default=FROM_CONFIG, help=BITS_HELP)
+    rp.add_argument("--workers", type=_workers, default=None,
+                    help="processes that read a classic pcap file, each a byte range (default "
+                    "replay_workers of the config: 0, one per core up to 4 for files of 128 "
+                    "MiB and more)")
 
     d = sub.add_parser("decode", help="print unpacked tuples or flow records",
                        description="Print the catalogue fields of every packet, or every "
@@ -201,6 +205,16 @@ def _settings(path: str | None):
         raise CliError(f"config: {where}: {first['msg']}{more}") from e
     except ValueError as e:
         raise CliError(f"config: {e}".replace("\n", "; ")) from e
+
+
+def _workers(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= 64:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes from 0 to 64")
+    return n
 
 
 def _with_bits(settings, bits):
@@ -465,6 +479,8 @@ def cmd_replay(args) -> int:
     queries = _read_queries(args.queries)
     check_capture(args.capture)
     settings = _with_bits(_settings(args.config), args.bits)
+    if args.workers is not None:
+        settings.replay_workers = args.workers
     _tables(settings, queries)
     check_java()
     s = settings.spark

@@ -1,7 +1,9 @@
 """Spark at scale (issue 12): end to end, Spark included, on a backbone-shaped trace and on the
 peers' uniform trace, with 1, 10 and 50 queries, in three modes:
 
-- ``full``: prefilter + LFTA + aggregate trees + the lean HFTA (``flowsieve replay``'s path);
+- ``full``: prefilter + LFTA + aggregate trees + the lean HFTA (``flowsieve replay``'s path;
+  the capture read by one process per core, ``replay_workers`` 0);
+- ``full_1proc``: ``full`` with the capture read by one process (``replay_workers`` 1);
 - ``per_tuple``: the same with the LFTA off: one spool row per tuple and node (the old path);
 - ``full_arrow``: ``full`` with the Arrow IPC spool read by flowsieve's Python data source as
   a stream (the spool format the Parquet default was measured against);
@@ -137,7 +139,8 @@ def run_one(mode: str, kind: str, n: int, nq: int, out: Path) -> None:
         from collector.metrics import Metrics
         from collector.replay import replay
         settings = Settings(initial_queries=None, lfta={"enabled": mode != "per_tuple"},
-                            spool={"format": "arrow" if mode == "full_arrow" else "parquet"})
+                            spool={"format": "arrow" if mode == "full_arrow" else "parquet"},
+                            replay_workers=1 if mode == "full_1proc" else 0)
         metrics = Metrics()
 
         def progress(stage: str, records) -> None:
@@ -148,6 +151,7 @@ def run_one(mode: str, kind: str, n: int, nq: int, out: Path) -> None:
         stages.update({f"spark_{k}": v for k, v in res.timings.items()})
         rows_in = sum(s.value for m in metrics.spool_rows.collect() for s in m.samples
                       if s.name.endswith("_total"))
+        stages["reading_processes"] = res.workers
         done = True
     wall = time.perf_counter() - t1
     spark.stop()
@@ -421,7 +425,8 @@ def main() -> int:
             if kind == "backbone" or nq == 50:
                 modes += [("per_tuple", 1), ("naive", 1)]
             if kind == "backbone" and nq == 50:
-                modes += [("full_arrow", repeat)]  # the spool's other format and reader
+                modes += [("full_arrow", repeat),  # the spool's other format and reader
+                          ("full_1proc", repeat)]  # the capture read by one process
             for mode, reps in modes:
                 for _ in range(reps):
                     doc = measure(mode, kind, n, nq, 1800)

@@ -10,6 +10,7 @@ Every record before a fault is delivered; then a ``DecodeError`` names the byte 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 
 import numba as nb
@@ -85,14 +86,40 @@ def index_records(buf, pos, end, big, nano, max_caplen, offset, caplen, wirelen,
     return n, pos, OK, sink
 
 
-class PcapReader:
-    """Iterate RawBatches of a classic pcap file or stream (after its 4-byte magic)."""
+@nb.njit(cache=True, nogil=True)
+def walk_records(buf, pos, end, big, max_caplen, target):
+    """Follow record headers from ``pos`` to the first record starting at or after ``target``;
+    returns (its position, status, checksum): a position short of ``target`` with OK is the
+    end of ``buf``, with an ERR_* code a record that cannot be read."""
+    ahead = pos
+    sink = np.int64(0)
+    while pos < target:
+        if pos == end:
+            return pos, OK, sink
+        if pos + 16 > end:
+            return pos, ERR_TRUNC_HEADER, sink
+        incl = u32(buf, pos + 8, big)
+        if incl > max_caplen:
+            return pos, ERR_CAPLEN, sink
+        if pos + 16 + incl > end:
+            return pos, ERR_TRUNC_DATA, sink
+        ahead, acc = touch_ahead(buf, ahead, pos + 16 + incl + PREFETCH, end)
+        sink += acc
+        pos += 16 + incl
+    return pos, OK, sink
 
-    def __init__(self, src: ByteSource, batch_size: int = 65536, iface: int = 0):
+
+class PcapReader:
+    """Iterate RawBatches of a classic pcap file or stream (after its 4-byte magic); ``start``
+    (a record boundary) begins later than the first record."""
+
+    def __init__(self, src: ByteSource, batch_size: int = 65536, iface: int = 0,
+                 start: int = GLOBAL_HEADER):
         self.src = src
         self.name = src.name
         self.batch_size = batch_size
         self.iface = iface
+        self.start = max(start, GLOBAL_HEADER)
         self.stats = ReadStats()
         self._header()
 
@@ -118,7 +145,7 @@ class PcapReader:
         self.linktype = int.from_bytes(b[20:24].tobytes(), order) & 0x0FFFFFFF
 
     def __iter__(self) -> Iterator[RawBatch]:
-        src, pos = self.src, GLOBAL_HEADER
+        src, pos = self.src, self.start
         max_caplen = max(self.snaplen, MAX_SNAPLEN)
         while True:
             if src.ensure(pos, RECORD_HEADER) == 0:
@@ -154,13 +181,55 @@ class PcapReader:
         self.src.buf = np.zeros(0, np.uint8)
 
 
+def split_pcap(path: str | os.PathLike, parts: int, min_bytes: int = 0
+               ) -> list[tuple[int, int]]:
+    """Byte ranges ``[start, stop)`` of a classic pcap file, at record boundaries and of
+    about equal size, each at least ``min_bytes``: one reader (a process) per range reads the
+    file in parallel. A pcapng file, a pipe or a file with a record that cannot be read before
+    a boundary gives fewer ranges (the one range that holds the fault reports it)."""
+    whole = [(GLOBAL_HEADER, 2**63 - 1)]
+    try:
+        size = os.path.getsize(path)
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return whole
+    parts = min(parts, size // max(min_bytes, 1))
+    if parts <= 1 or not regular:
+        return whole
+    with open(path, "rb") as fh:
+        head = fh.read(GLOBAL_HEADER)
+    if len(head) < GLOBAL_HEADER:
+        return whole
+    magic = int.from_bytes(head[:4], "little")
+    big = magic not in (MAGIC_US, MAGIC_NS)
+    if big and int.from_bytes(head[:4], "big") not in (MAGIC_US, MAGIC_NS):
+        return whole  # pcapng or not a capture: one reader says what it is
+    snaplen = int.from_bytes(head[16:20], "big" if big else "little")
+    buf = np.memmap(path, np.uint8, mode="r")
+    bounds, pos = [GLOBAL_HEADER], GLOBAL_HEADER
+    for k in range(1, parts):
+        pos, status, _ = walk_records(buf, pos, len(buf), big, max(snaplen, MAX_SNAPLEN),
+                                   k * size // parts)
+        if status != OK or pos >= len(buf):
+            break
+        if pos > bounds[-1]:
+            bounds.append(int(pos))
+    del buf
+    return [(a, b) for a, b in zip(bounds, bounds[1:] + [2**63 - 1], strict=True)]
+
+
 def open_capture(source: str | os.PathLike | bytes, batch_size: int = 65536, *,
-                 follow: bool = False, stop=None, window: int | None = None, iface: int = 0):
+                 follow: bool = False, stop=None, window: int | None = None, iface: int = 0,
+                 byte_range: tuple[int, int] | None = None):
     """A reader of RawBatches for a pcap or pcapng file, ``-`` (stdin), a pipe or bytes.
 
     ``follow`` keeps reading a file as it grows until ``stop`` (a threading.Event) is set.
+    ``byte_range`` (from ``split_pcap``) reads the records of one range of a classic pcap file.
     """
     kw = {"follow": follow, "stop": stop}
+    start = GLOBAL_HEADER
+    if byte_range is not None:
+        start, kw["limit"] = byte_range
     if window is not None:
         kw["window"] = window
     src = ByteSource(source, **kw)
@@ -168,4 +237,4 @@ def open_capture(source: str | os.PathLike | bytes, batch_size: int = 65536, *,
     if have >= 4 and src.buf[:4].tobytes() == PCAPNG_MAGIC:
         from capture.pcapng import PcapngReader
         return PcapngReader(src, batch_size)
-    return PcapReader(src, batch_size, iface)
+    return PcapReader(src, batch_size, iface, start)

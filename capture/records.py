@@ -119,8 +119,10 @@ class ByteSource:
     """
 
     def __init__(self, source, *, window: int = WINDOW, follow: bool = False,
-                 poll_s: float = 0.2, stop: threading.Event | None = None):
+                 poll_s: float = 0.2, stop: threading.Event | None = None,
+                 limit: int | None = None):
         self.window = max(window, 1 << 16)
+        self.limit = limit  # a regular file read as if it ended here (a byte range's end)
         self.follow = follow
         self.poll_s = poll_s
         self.stop = stop or threading.Event()
@@ -153,7 +155,8 @@ class ByteSource:
         self._size = self._stat() if self._fd is not None else 0
 
     def _stat(self) -> int:
-        return os.fstat(self._fd.fileno()).st_size
+        size = os.fstat(self._fd.fileno()).st_size
+        return size if self.limit is None else min(size, self.limit)
 
     @property
     def end(self) -> int:

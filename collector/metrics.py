@@ -166,3 +166,20 @@ class Metrics:
                 m.remove(name)
             except KeyError:
                 pass
+
+    def counts(self) -> list[tuple[str, dict[str, str], float]]:
+        """Every counter's series as (attribute, labels, value): what a worker process (a
+        byte range of ``replay``) hands back for ``add`` in its parent."""
+        out = []
+        for attr, m in vars(self).items():
+            if isinstance(m, Counter):
+                for metric in m.collect():
+                    out += [(attr, s.labels, s.value) for s in metric.samples
+                            if s.name.endswith("_total") and s.value]
+        return out
+
+    def add(self, counts: list[tuple[str, dict[str, str], float]]) -> None:
+        """Add ``counts`` (another Metrics' ``counts()``) to these counters."""
+        for attr, labels, value in counts:
+            m = getattr(self, attr)
+            (m.labels(**labels) if labels else m).inc(value)

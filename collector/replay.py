@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 
 import pyarrow as pa
 
 from capture.errors import DecodeError
 from capture.netflow import DEFAULT_FLOW_PORTS, Decoder, capture_flows
-from capture.pcap import open_capture
+from capture.pcap import open_capture, split_pcap
 from collector import functions, tables
 from collector.config import Settings
 from collector.engine import Engine
@@ -24,12 +26,17 @@ from collector.spool import Spool
 from planner.plan import Plan, build_plan
 from planner.query import Query
 
+AUTO_WORKERS = 4  # replay_workers 0: one process per core, at most this many
+MIN_RANGE_BYTES = 64 << 20  # ... each reading at least this much of the file
+
 
 class ReplayResult:
     def __init__(self, plan: Plan, answers: list[tuple[Query, pa.Table]],
-                 error: DecodeError | None, engine: Engine, timings: dict | None = None):
-        self.plan, self.answers, self.error, self.engine = plan, answers, error, engine
+                 error: DecodeError | None, metrics: Metrics, timings: dict | None = None,
+                 workers: int = 1):
+        self.plan, self.answers, self.error, self.metrics = plan, answers, error, metrics
         self.timings = timings or {}  # Spark's merge and the driver's answers, seconds
+        self.workers = workers  # processes that read the packets
 
 
 def _inputs(capture, stream: str, batch_size: int, flow_ports, decoder: Decoder | None):
@@ -75,6 +82,90 @@ def measure(capture, plan: Plan, spool: Spool, settings: Settings,
     return meter.selectivities(), sampler.samples()
 
 
+def byte_ranges(capture, settings: Settings) -> list[tuple[int, int]]:
+    """The byte ranges of a capture that ``replay`` reads in parallel (one: it reads alone)."""
+    n = settings.replay_workers
+    if n == 1:
+        return [(0, 0)]
+    if n == 0:
+        n = min(len(os.sched_getaffinity(0)), AUTO_WORKERS)
+    return split_pcap(capture, n, MIN_RANGE_BYTES if settings.replay_workers == 0 else 0)
+
+
+def _new_engine(spool: Spool, stream: str, metrics: Metrics, settings: Settings,
+                plan: Plan) -> Engine:
+    engine = Engine(spool, stream, metrics, "replay", settings.spark.watermark_delay_s,
+                    asc=settings.asc, lfta=settings.lfta, residual=settings.residual,
+                    om=settings.om)
+    engine.set_plan(plan)
+    return engine
+
+
+def _read_range(k: int, capture, byte_range: tuple[int, int], plan: Plan, settings: Settings,
+                spool_root: Path, done, conn) -> None:
+    """A worker process (forked: the plan and the compiled kernels are its parent's): the
+    packets of one byte range through its own engine into the spool, as its own probe; sends
+    back its counters and the decode error that stopped it, if any."""
+    try:
+        metrics = Metrics()
+        spool = Spool(spool_root, settings.spool.max_bytes, "block", 0.0,
+                      format=settings.spool.format, probe=f"{settings.probe[:58]}_{k}")
+        engine = _new_engine(spool, "packets", metrics, settings, plan)
+        error = None
+        try:
+            for batch in open_capture(capture, settings.batch_size, byte_range=byte_range):
+                engine.process(batch, "replay")
+                done[k] += len(batch)
+        except DecodeError as e:
+            error = {"reason": e.reason, "kind": e.kind, "offset": e.offset, "layer": e.layer,
+                     "source": e.source}
+            metrics.decode_errors.labels("replay", e.kind or "input").inc()
+        engine.finish()
+        conn.send({"counts": metrics.counts(), "error": error})
+    except BaseException as e:  # noqa: BLE001 - the parent reports it in one line
+        conn.send({"failed": f"{type(e).__name__}: {e}"})
+    finally:
+        conn.close()
+
+
+def _read_in_parallel(capture, ranges: list[tuple[int, int]], plan: Plan, settings: Settings,
+                      spool_root: Path, metrics: Metrics, report) -> DecodeError | None:
+    """The packets of a pcap file, one forked process per byte range; the first range's
+    decode error (ranges before a fault hold only readable records, so only the last can)."""
+    ctx = mp.get_context("fork")
+    done = ctx.Array("q", len(ranges), lock=False)
+    procs, conns = [], []
+    for k, byte_range in enumerate(ranges):
+        mine, theirs = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_read_range, name=f"flowsieve-replay-{k}", daemon=True,
+                        args=(k, capture, byte_range, plan, settings, spool_root, done, theirs))
+        p.start()
+        theirs.close()
+        procs.append(p)
+        conns.append(mine)
+    replies: list[dict | None] = [None] * len(ranges)
+    waiting = dict(enumerate(conns))
+    while waiting:
+        for conn in mp_wait(list(waiting.values()), timeout=0.25):
+            k = conns.index(conn)
+            try:
+                replies[k] = conn.recv()
+            except EOFError:  # the process died without a word (killed: out of memory?)
+                procs[k].join()
+                replies[k] = {"failed": f"exit code {procs[k].exitcode}"}
+            del waiting[k]
+        report("reading packets", sum(done))
+    for p in procs:
+        p.join()
+    failed = [f"worker {k}: {r['failed']}" for k, r in enumerate(replies) if "failed" in r]
+    if failed:
+        raise RuntimeError(f"replay's reading processes failed ({'; '.join(failed)})")
+    for r in replies:
+        metrics.add(r["counts"])
+    errors = [r["error"] for r in replies if r["error"]]
+    return DecodeError(errors[0].pop("reason"), **errors[0]) if errors else None
+
+
 def _warm_up(spark, streams: list[str], only: set[str]) -> threading.Thread:
     """Spark's first job warms up (class loading, code generation) on the second core while
     the engine reads the capture; a failure here is left to the real job to report."""
@@ -113,7 +204,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     for q in queries:
         tables.check(q)
         functions.check(q)
-    asc, batch_size = settings.asc, settings.batch_size
+    batch_size = settings.batch_size
     watermark_delay_s = settings.spark.watermark_delay_s
     report = progress or (lambda stage, n: None)
     metrics = metrics or Metrics()
@@ -125,16 +216,18 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
         report("measuring", 0)
         plan = measured_plan(capture, queries, plan, spool, settings, flow_ports)
     error = None
-    engine = None
     only = {m for qp in plan.queries for m in qp.query.measures}  # what Spark merges
     warming = _warm_up(spark, plan.streams(), only) if settings.spool.format == "parquet" \
         else None
+    ranges = byte_ranges(capture, settings) if "packets" in plan.streams() else []
     for stream in ("packets", "flows"):
         if not any(q.stream == stream for q in queries):
             continue
-        engine = Engine(spool, stream, metrics, "replay", watermark_delay_s, asc=asc,
-                        lfta=settings.lfta, residual=settings.residual, om=settings.om)
-        engine.set_plan(plan)
+        if stream == "packets" and len(ranges) > 1:
+            error = _read_in_parallel(capture, ranges, plan, settings, work / "spool",
+                                      metrics, report)
+            continue
+        engine = _new_engine(spool, stream, metrics, settings, plan)
         try:
             done = 0
             if stream == "flows":
@@ -164,4 +257,4 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     else:  # the Python data source reads Arrow IPC as a stream
         job.run_available_now(folders)
     answers = [(q, read_results(work / "results", q)) for q in queries]
-    return ReplayResult(plan, answers, error, engine, job.timings)
+    return ReplayResult(plan, answers, error, metrics, job.timings, max(len(ranges), 1))

@@ -65,7 +65,8 @@ def daemon_config(tmp_path, sources: list[str], queries: str | None) -> tuple[Pa
     cfg.write_text(f"""
 var_dir: {tmp_path / 'var'}
 api: {{host: 127.0.0.1, port: {port}}}
-spark: {{master: "local[2]", driver_memory: 1g, shuffle_partitions: 2, trigger_s: 1}}
+spark: {{master: "local[2]", driver_memory: 1g, shuffle_partitions: 2, trigger_s: 1,
+        class_archive: false}}
 initial_queries: {initial}
 sources:
 """ + "".join(f"  - {line}\n" for line in sources))

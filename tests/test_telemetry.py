@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from bench.telemetry.attacks import COLUMNS, capture, expected_keys, frame, truth
+from collector.config import Settings
 from collector.replay import replay
 from collector.results import rows_of
 from planner.query import parse_queries
@@ -48,10 +49,14 @@ def check(got: dict[str, list[dict]], p: dict, want: dict[str, set]) -> None:
         assert set(rows) == attacks[app], app
 
 
-def test_applications_find_the_attacks(spark, tmp_path):
+@pytest.mark.parametrize("workers", [1, 3])
+def test_applications_find_the_attacks(workers, spark, tmp_path):
+    """Also with the capture read by three processes (byte ranges of one file, each with its
+    own engine and LFTA): exact distinct counts and joins merge their partials in Spark."""
     path, p, want = capture(200_000, tmp_path)
-    res = replay(path, parse_queries(APPS.read_text()), tmp_path / "work", spark)
-    assert res.error is None
+    res = replay(path, parse_queries(APPS.read_text()), tmp_path / "work", spark,
+                 settings=Settings(initial_queries=None, replay_workers=workers))
+    assert res.error is None and res.workers == workers
     check({q.name: rows_of(q, t) for q, t in res.answers}, p, want)
 
 

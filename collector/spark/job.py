@@ -39,35 +39,61 @@ log = logging.getLogger("flowsieve.spark")
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
+_dump_ready: Path | None = None  # marks this process's JVM's class dump as worth keeping
+
+
 def jvm_options(class_archive: str | os.PathLike | None, quick_start: bool) -> list[str]:
     """JVM start-up options. A class-data archive (AppCDS) maps the classes Spark loads instead
-    of parsing them from its jars: the first JVM writes it when it exits, later ones start
-    about 2 s sooner and run their first batch sooner (bench/README.md). A dump is promoted to
-    ``class_archive`` once the process that started its JVM is gone and it has not changed for
-    10 s; a stale or foreign archive is ignored by the JVM (``-Xshare:auto``)."""
+    of parsing them from its jars: a JVM that finds none writes one when it exits, and later
+    ones start about 2 s sooner and run their first job about 1.4 s sooner (bench/README.md).
+    A dump is kept only from a JVM that ran a job (``class_dump_ready``): one that only started
+    holds a fifth of the classes a merge loads. It is promoted to ``class_archive`` once the
+    process that started its JVM is gone and it has not changed for 10 s; a stale or foreign
+    archive is ignored by the JVM (``-Xshare:auto``)."""
+    global _dump_ready
     opts = []
     if quick_start:
         opts += ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
     if class_archive is not None:
         archive = Path(class_archive)
         archive.parent.mkdir(parents=True, exist_ok=True)
-        now = time.time()
-        for dump in archive.parent.glob(archive.name + ".dump-*"):
-            try:
-                age = now - dump.stat().st_mtime
-                if age > 10 and not _alive(int(dump.name.rsplit("-", 1)[1])):
-                    if archive.exists():
-                        dump.unlink()
-                    else:
-                        os.replace(dump, archive)
-            except (FileNotFoundError, ValueError):
-                pass
+        _promote(archive)
         opts.append("-Xlog:cds=off,cds+dynamic=off")
         if archive.exists():
             opts.append(f"-XX:SharedArchiveFile={archive}")
         else:
-            opts.append(f"-XX:ArchiveClassesAtExit={archive}.dump-{os.getpid()}")
+            dump = archive.with_name(f"{archive.name}.dump-{os.getpid()}")
+            opts.append(f"-XX:ArchiveClassesAtExit={dump}")
+            _dump_ready = dump.with_name(dump.name + ".ready")
     return opts
+
+
+def _promote(archive: Path) -> None:
+    """Dumps of JVMs that are gone become the archive (one that ran a job) or are removed."""
+    now = time.time()
+    paths = sorted(archive.parent.glob(archive.name + ".dump-*"),
+                   key=lambda p: p.suffix == ".ready")  # each dump before the markers
+    for path in paths:
+        dump = path.with_name(path.name.removesuffix(".ready"))
+        try:
+            pid = int(dump.name.rsplit("-", 1)[1])
+            if _alive(pid) or now - path.stat().st_mtime <= 10:
+                continue
+            ready = dump.with_name(dump.name + ".ready")
+            if path == dump and ready.exists() and not archive.exists():
+                os.replace(dump, archive)
+            else:
+                path.unlink()  # a dump of a JVM that ran no job, or a marker left over
+        except (FileNotFoundError, ValueError):
+            pass
+
+
+def class_dump_ready() -> None:
+    """This process's JVM has run a Spark job: the class dump it writes at exit holds the
+    classes a job needs and is kept."""
+    if _dump_ready is not None and not _dump_ready.exists():
+        with contextlib.suppress(OSError):
+            _dump_ready.touch()
 
 
 def _alive(pid: int) -> bool:
@@ -83,7 +109,7 @@ def _alive(pid: int) -> bool:
 def class_archive_path(folder: str | os.PathLike) -> Path:
     """The class-data archive of this pyspark in ``folder``."""
     import pyspark
-    return Path(folder) / f"spark-{pyspark.__version__}-classes.jsa"
+    return Path(folder) / f"spark-{pyspark.__version__}-job-classes.jsa"
 
 
 def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_partitions: int = 4,
@@ -196,6 +222,7 @@ def warm_up(spark: SparkSession, streams: list[str], only: Collection[str] | Non
                            f"{d}/{stream}.parquet")
             df = spark.read.schema(spark_ddl(schema)).parquet(f"{d}/{stream}.parquet")
             merge_partials(df, stream, None, only).toArrow()
+    class_dump_ready()
 
 
 Resolver = Callable[[int], Query | None]
@@ -239,6 +266,7 @@ class SparkJob:
             if table.num_rows:
                 self.write_answers(stream, folder, table, batch_id)
             self.metrics.spark_batches.labels(stream, folder).inc()
+            class_dump_ready()
         return write_batch
 
     def write_answers(self, stream: str, folder: str, table: pa.Table, batch_id: int) -> None:
@@ -362,6 +390,7 @@ class SparkJob:
         self.timings["answers_s"] = self.timings.get("answers_s", 0.0) + \
             time.perf_counter() - t1
         self.metrics.spark_batches.labels(stream, folder).inc()
+        class_dump_ready()
 
     def check(self) -> list[str]:
         """Errors of queries that stopped and are not running again."""

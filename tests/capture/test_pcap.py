@@ -8,7 +8,7 @@ import pytest
 from scapy.utils import RawPcapReader
 
 from capture.errors import DecodeError
-from capture.pcap import open_capture
+from capture.pcap import open_capture, split_pcap
 from tests.conftest import capture, samples
 
 READABLE = samples("pcap", "*.pcap", exclude={"unexpected_eof_on_second_packet.pcap",
@@ -96,3 +96,52 @@ def test_not_a_pcap(tmp_path):
     p.write_bytes(b"\xd4\xc3")
     with pytest.raises(DecodeError, match="too short"):
         open_capture(p)
+
+
+@pytest.mark.parametrize("name", ["wikipedia.pcap", "test.pcap", "pptp.pcap",
+                                  "tcp-handshake-nano.pcap"])
+@pytest.mark.parametrize("parts", [2, 3, 7])
+def test_byte_ranges_hold_every_record_once(name, parts):
+    """``split_pcap``'s ranges, read one after another, give dpkt's records in order: every
+    boundary is a record boundary and no record is read twice or missed."""
+    path = capture(name)
+    ranges = split_pcap(path, parts)
+    assert 1 < len(ranges) <= parts
+    assert ranges[0][0] == 24
+    assert all(a[1] == b[0] for a, b in zip(ranges[:-1], ranges[1:], strict=True))
+    ours = [rec for rg in ranges for rec in _records(path, byte_range=rg)[1]]
+    with open(path, "rb") as fh:
+        exp = [buf for _, buf in dpkt.pcap.Reader(fh)]
+    assert [data for _, _, data in ours] == exp
+
+
+def test_byte_ranges_of_what_cannot_be_split(tmp_path):
+    """A pcapng file, a file too small for the minimum range and a fault before the first
+    boundary give one range: one reader reports what the file is."""
+    whole = [(24, 2**63 - 1)]
+    assert split_pcap(capture("dhcp.pcapng"), 4) == whole
+    assert split_pcap(capture("wikipedia.pcap"), 4, min_bytes=1 << 30) == whole
+    assert split_pcap(capture("partial_first_header.pcap"), 2) == whole
+    assert split_pcap(tmp_path / "missing.pcap", 2) == whole
+
+
+def test_fault_in_the_last_range_is_reported_at_its_offset(tmp_path):
+    """A file cut inside its last record: the ranges before it read whole, the last gives the
+    records up to the fault and the DecodeError the whole file gives."""
+    data = capture("wikipedia.pcap").read_bytes()
+    cut = tmp_path / "cut.pcap"
+    cut.write_bytes(data[:-7])
+    with pytest.raises(DecodeError) as whole:
+        for _ in open_capture(cut):
+            pass
+    ranges = split_pcap(cut, 3)
+    assert len(ranges) == 3
+    got = 0
+    for rg in ranges[:-1]:
+        got += sum(len(b) for b in open_capture(cut, byte_range=rg))
+    with pytest.raises(DecodeError) as last:
+        for b in open_capture(cut, byte_range=ranges[-1]):
+            got += len(b)
+    assert last.value.offset == whole.value.offset and last.value.kind == whole.value.kind
+    with open(capture("wikipedia.pcap"), "rb") as fh:
+        assert got == sum(1 for _ in dpkt.pcap.Reader(fh)) - 1

@@ -15,7 +15,8 @@ import dpkt
 import pytest
 from scapy.utils import RawPcapReader
 
-from collector.config import data_file
+from collector.config import Settings, data_file
+from collector.metrics import Metrics
 from collector.replay import replay
 from collector.results import rows_of
 from planner.query import parse_queries
@@ -59,6 +60,55 @@ def test_replay_q123_equals_dpkt(name, spark, tmp_path):
         assert ref[q.name], f"{q.name} has rows in {name}"
     # the spool was released by Spark's commits
     assert not list((tmp_path / "spool" / "packets" / "60").glob("*.arrow"))
+
+
+def test_replay_in_parallel_equals_dpkt(spark, tmp_path):
+    """Three processes read three byte ranges of one file into one spool (each its own probe,
+    engine and LFTA); Spark merges their partials of the same window: dpkt's answers, and
+    every packet counted once."""
+    path = capture("wikipedia.pcap")
+    queries = parse_queries(open(data_file("example.sql")).read())
+    metrics = Metrics()
+    res = replay(path, queries, tmp_path, spark, metrics=metrics,
+                 settings=Settings(initial_queries=None, replay_workers=3))
+    assert res.error is None and res.workers == 3
+    ref = reference(path)
+    for q, table in res.answers:
+        got = {(r["t"], r["src_ip"], r["dst_ip"]): (r["pkts"], r["bytes"])
+               for r in rows_of(q, table)}
+        assert len(got) == table.num_rows and got == ref[q.name], q.name
+    assert metrics.packets_in.labels("replay")._value.get() == len(packets(path))
+    probes = {f.name.split(".")[1] for f in (tmp_path / "spool").rglob("*.parquet")}
+    assert probes <= {"flowsieve_0", "flowsieve_1", "flowsieve_2"}
+
+
+def test_replay_in_parallel_stops_where_the_file_does(spark, tmp_path):
+    """A file cut inside its last record, read by three processes: the error names the byte
+    the single reader names, and the answers are the single reader's."""
+    cut = tmp_path / "cut.pcap"
+    cut.write_bytes(capture("wikipedia.pcap").read_bytes()[:-7])
+    queries = parse_queries(open(data_file("example.sql")).read())
+    runs = {w: replay(cut, queries, tmp_path / f"w{w}", spark,
+                      settings=Settings(initial_queries=None, replay_workers=w))
+            for w in (1, 3)}
+    assert runs[3].workers == 3
+    assert runs[3].error.offset == runs[1].error.offset and runs[1].error.offset is not None
+    assert str(runs[3].error) == str(runs[1].error)
+    assert [rows_of(q, t) for q, t in runs[3].answers] == \
+        [rows_of(q, t) for q, t in runs[1].answers]
+
+
+def test_replay_reader_process_failure_is_one_error(spark, tmp_path, monkeypatch):
+    """A reading process that fails is reported with its reason, not waited for forever."""
+    import collector.replay as rp
+
+    def broken(*args):
+        raise MemoryError("no room for the LFTA")
+    monkeypatch.setattr(rp, "_new_engine", broken)
+    queries = parse_queries(open(data_file("example.sql")).read())
+    with pytest.raises(RuntimeError, match="worker 0: MemoryError: no room for the LFTA"):
+        replay(capture("wikipedia.pcap"), queries, tmp_path, spark,
+               settings=Settings(initial_queries=None, replay_workers=2))
 
 
 def replay_command(path, fmt: str) -> subprocess.CompletedProcess:
@@ -148,7 +198,7 @@ SELECT time/60 AS t, count(*) AS n FROM packets WHERE regexp(dns_qname, 'wiki') 
 
     wiki = sum(1 for p in pkts if p["dns_qname"] and "wiki" in p["dns_qname"])
     assert wiki > 0 and [r["n"] for r in answers["wiki_names"]] == [wiki]
-    assert res.engine.metrics.residual_evals.labels("packets")._value.get() > 0
+    assert res.metrics.residual_evals.labels("packets")._value.get() > 0
 
 
 @pytest.mark.slow

@@ -215,3 +215,45 @@ def test_a_batch_merge_leaves_the_session_as_it_was(spark):
         assert spark.conf.get(BYPASS_PARTIAL) == "false"
     finally:
         spark.conf.unset(BYPASS_PARTIAL)
+
+
+def test_class_archive_kept_only_from_a_jvm_that_ran_a_job(tmp_path, monkeypatch):
+    """A dump whose JVM ran a job (its ``.ready`` marker) becomes the archive once its process
+    is gone; a dump of a JVM that only started is removed; a live process's dump is left."""
+    import subprocess
+    import sys
+
+    from collector.spark import job
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead = int(gone.stdout)
+    archive = tmp_path / "spark-classes.jsa"
+    old = time.time() - 60
+
+    def dump(pid: int, ready: bool):
+        d = tmp_path / f"{archive.name}.dump-{pid}"
+        d.write_bytes(b"classes")
+        marks = [d]
+        if ready:
+            marks.append(d.with_name(d.name + ".ready"))
+            marks[-1].touch()
+        for m in marks:
+            os.utime(m, (old, old))
+        return d
+    idle, live = dump(dead, ready=False), dump(os.getpid(), ready=True)
+    opts = job.jvm_options(archive, quick_start=False)
+    assert not idle.exists() and live.exists() and not archive.exists()
+    assert any(o.startswith("-XX:ArchiveClassesAtExit=") for o in opts)
+    # this process's JVM runs a job: its dump is marked, and kept once the process is gone
+    job.class_dump_ready()
+    mine = tmp_path / f"{archive.name}.dump-{os.getpid()}.ready"
+    assert mine.exists()
+    live.unlink()
+    mine.unlink()
+    kept = dump(dead, ready=True)
+    opts = job.jvm_options(archive, quick_start=True)
+    assert archive.read_bytes() == b"classes" and not kept.exists()
+    assert f"-XX:SharedArchiveFile={archive}" in opts
+    assert not list(tmp_path.glob("*.ready"))
+    monkeypatch.setattr(job, "_dump_ready", None)
