@@ -103,8 +103,8 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--bits", type=_bits, default=FROM_CONFIG, help=BITS_HELP)
     rp.add_argument("--workers", type=_workers, default=None,
                     help="processes that read a classic pcap file, each a byte range (default "
-                    "replay_workers of the config: 0, one per core up to 4 for files of 128 "
-                    "MiB and more)")
+                    "replay_workers of the config: 0, one per core but one, up to 4, for "
+                    "files of 128 MiB and more)")
 
     d = sub.add_parser("decode", help="print unpacked tuples or flow records",
                        description="Print the catalogue fields of every packet, or every "

@@ -2,8 +2,8 @@
 peers' uniform trace, with 1, 10 and 50 queries, in three modes:
 
 - ``full``: prefilter + LFTA + aggregate trees + the lean HFTA (``flowsieve replay``'s path;
-  the capture read by one process per core, ``replay_workers`` 0);
-- ``full_1proc``: ``full`` with the capture read by one process (``replay_workers`` 1);
+  ``replay_workers`` 0: on 2 cores one process reads the capture);
+- ``full_2proc``: ``full`` with the capture read by two processes (``replay_workers`` 2);
 - ``per_tuple``: the same with the LFTA off: one spool row per tuple and node (the old path);
 - ``full_arrow``: ``full`` with the Arrow IPC spool read by flowsieve's Python data source as
   a stream (the spool format the Parquet default was measured against);
@@ -140,7 +140,7 @@ def run_one(mode: str, kind: str, n: int, nq: int, out: Path) -> None:
         from collector.replay import replay
         settings = Settings(initial_queries=None, lfta={"enabled": mode != "per_tuple"},
                             spool={"format": "arrow" if mode == "full_arrow" else "parquet"},
-                            replay_workers=1 if mode == "full_1proc" else 0)
+                            replay_workers=2 if mode == "full_2proc" else 0)
         metrics = Metrics()
 
         def progress(stage: str, records) -> None:
@@ -426,7 +426,7 @@ def main() -> int:
                 modes += [("per_tuple", 1), ("naive", 1)]
             if kind == "backbone" and nq == 50:
                 modes += [("full_arrow", repeat),  # the spool's other format and reader
-                          ("full_1proc", repeat)]  # the capture read by one process
+                          ("full_2proc", repeat)]  # the capture read by two processes
             for mode, reps in modes:
                 for _ in range(reps):
                     doc = measure(mode, kind, n, nq, 1800)

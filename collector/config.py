@@ -342,7 +342,8 @@ class Settings(BaseSettings):
     replay_workers: int = Field(
         0, ge=0, le=64, description="processes that read a classic pcap file in flowsieve "
         "replay, each a byte range with its own engine writing the one spool (0: one per CPU "
-        "core, at most 4, each range at least 64 MiB)")
+        "core but one (Spark's JVM runs its first job meanwhile), at most 4, each range "
+        "at least 64 MiB)")
     sources: list[SourceConfig] = Field(default_factory=lambda: [SourceConfig()])
     initial_queries: str | None = Field(
         default_factory=lambda: data_file("example.sql"),
