@@ -196,20 +196,18 @@ def split_pcap(path: str | os.PathLike, parts: int, min_bytes: int = 0
     parts = min(parts, size // max(min_bytes, 1))
     if parts <= 1 or not regular:
         return whole
-    with open(path, "rb") as fh:
-        head = fh.read(GLOBAL_HEADER)
-    if len(head) < GLOBAL_HEADER:
-        return whole
-    magic = int.from_bytes(head[:4], "little")
-    big = magic not in (MAGIC_US, MAGIC_NS)
-    if big and int.from_bytes(head[:4], "big") not in (MAGIC_US, MAGIC_NS):
-        return whole  # pcapng or not a capture: one reader says what it is
-    snaplen = int.from_bytes(head[16:20], "big" if big else "little")
+    try:
+        head = open_capture(path)
+    except DecodeError:
+        return whole  # not a capture: one reader says what it is
+    head.close()
+    if not isinstance(head, PcapReader):
+        return whole  # pcapng
     buf = np.memmap(path, np.uint8, mode="r")
     bounds, pos = [GLOBAL_HEADER], GLOBAL_HEADER
     for k in range(1, parts):
-        pos, status, _ = walk_records(buf, pos, len(buf), big, max(snaplen, MAX_SNAPLEN),
-                                   k * size // parts)
+        pos, status, _ = walk_records(buf, pos, len(buf), head.big,
+                                      max(head.snaplen, MAX_SNAPLEN), k * size // parts)
         if status != OK or pos >= len(buf):
             break
         if pos > bounds[-1]:

@@ -90,8 +90,6 @@ def byte_ranges(capture, settings: Settings) -> list[tuple[int, int]]:
     n = settings.replay_workers
     if n == 0:
         n = min(len(os.sched_getaffinity(0)) - 1, AUTO_WORKERS)
-    if n <= 1:
-        return [(0, 0)]
     return split_pcap(capture, n, MIN_RANGE_BYTES if settings.replay_workers == 0 else 0)
 
 

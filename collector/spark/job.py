@@ -90,10 +90,12 @@ def _promote(archive: Path) -> None:
 
 def class_dump_ready() -> None:
     """This process's JVM has run a Spark job: the class dump it writes at exit holds the
-    classes a job needs and is kept."""
-    if _dump_ready is not None and not _dump_ready.exists():
+    classes a job needs and is kept (marked once: every later batch finds nothing to do)."""
+    global _dump_ready
+    if _dump_ready is not None:
         with contextlib.suppress(OSError):
             _dump_ready.touch()
+        _dump_ready = None
 
 
 def _alive(pid: int) -> bool:

@@ -224,6 +224,7 @@ def test_class_archive_kept_only_from_a_jvm_that_ran_a_job(tmp_path, monkeypatch
     import sys
 
     from collector.spark import job
+    monkeypatch.setattr(job, "_dump_ready", None)  # restored after: the session's own JVM
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
@@ -256,4 +257,3 @@ def test_class_archive_kept_only_from_a_jvm_that_ran_a_job(tmp_path, monkeypatch
     assert archive.read_bytes() == b"classes" and not kept.exists()
     assert f"-XX:SharedArchiveFile={archive}" in opts
     assert not list(tmp_path.glob("*.ready"))
-    monkeypatch.setattr(job, "_dump_ready", None)
