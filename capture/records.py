@@ -15,6 +15,7 @@ import select
 import stat
 import sys
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -131,6 +132,9 @@ class ByteSource:
         self._fd = None  # regular file
         self._pipe = None  # file object read in chunks
         self.eof = False
+        # a followed file: the wall time (s) it was last found to hold nothing more, so every
+        # record written before then was handed out (a live source's clock, collector/service)
+        self.waited_at: float | None = None
         if isinstance(source, bytes | bytearray | memoryview):
             self.name = "<bytes>"
             self.buf = np.frombuffer(bytes(source), np.uint8)
@@ -185,6 +189,7 @@ class ByteSource:
                 continue
             if not self.follow or self.stop.is_set():
                 return max(avail, 0)
+            self.waited_at = time.time()
             self.stop.wait(self.poll_s)
 
     def _map(self, pos: int, need: int) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from capture.fields import fields
 from capture.netflow import FlowBatch
@@ -389,7 +390,7 @@ class Engine:
             parts = []
             for t in fp.tables:
                 parts += t.add(tb, Q, now, c.plan.version, self.probe)
-            self._write(fp, self._concat(parts))
+            self._write(fp, self._concat(self._closing(c, fp, parts)))
         self._rounds(c, tb)
         self._close_windows(c, now)
         return kept
@@ -477,7 +478,26 @@ class Engine:
                         parts.append(t.to_spool(p, c.plan.version, self.probe))
                     self._lfta_metrics(x)
                 t.prune()
-            self._write(fp, self._concat(parts))
+            self._write(fp, self._concat(self._closing(c, fp, parts)))
+
+    def _closing(self, c: _Compiled, fp: FolderPlan, parts: list[pa.Table]) -> list[pa.Table]:
+        """``parts`` with every table's rows of the windows they close in Spark. A file's
+        latest window start less the watermark delay is Spark's watermark once it has read
+        the file, and a row of an earlier window that comes after it is dropped as late: so
+        when a table flushes early (full, aged) rows of a window the engine has not closed,
+        the rows of the windows before it that the folder's other tables hold go in the same
+        file."""
+        starts = [pc.max(p.column("window_start")).value for p in parts if p.num_rows]
+        if not starts or fp.period is None:
+            return parts
+        edge = max(starts) // 1_000_000 - self.watermark_delay_s
+        for t in fp.tables:
+            for x in t.tables():
+                p = x.flush_windows(edge)
+                if len(p):
+                    parts.append(t.to_spool(p, c.plan.version, self.probe))
+                    self._lfta_metrics(x)
+        return parts
 
     def _lfta_metrics(self, table: PartialTable) -> None:
         st, seen = table.stats, table.reported

@@ -62,6 +62,7 @@ class Collector:
         self._threads: list[threading.Thread] = []
         self.source_errors: list[str] = []
         self.source_state: dict[str, str] = {}  # name -> running, finished or failed: why
+        self._waited_at: dict[str, float] = {}  # name -> when it last waited, all read
         self.plan_overrides: dict = {}  # POST /prefilter/rebuild's options
         self.sources: list = []
         self._flow_seen: dict[str, dict] = {}
@@ -113,24 +114,28 @@ class Collector:
         file or a quiet exporter, never holds a window the others closed); then, when a live
         source runs, flush what the current time closes in every engine before any engine
         writes the heartbeat that closes it in Spark."""
-        live = [e for e, src in zip(self.engines, self.sources, strict=True) if src.restamp]
+        live = [(src, e) for e, src in zip(self.engines, self.sources, strict=True)
+                if src.restamp]
+        delay = self.settings.spark.watermark_delay_s
         while not self._stop.wait(self.settings.spark.trigger_s):
             times = [e.max_time for e in self.engines if e.max_time is not None]
             latest = max(times) if times else None
-            now = int(time.time())
-            # a heartbeat speaks for the present less the watermark delay: a tuple read a
-            # little after it was stamped (a ring's buffering, a followed file's poll, an
-            # exporter's batching) still finds its window open
-            closed = now - self.settings.spark.watermark_delay_s
             try:
                 for e in self.engines:
                     e.flush_due(latest, time.monotonic_ns())
-                # a heartbeat closes windows only once every engine has flushed them, and
-                # never while a live source reads a backlog (a restarted follower)
-                beat = live and all(self._caught_up(e, now) for e in live)
+                # a heartbeat speaks for the present less the watermark delay (a tuple read a
+                # little after it was stamped, by a ring's buffering, a followed file's poll or
+                # an exporter's batching, still finds its window open), but never for a time
+                # a running live source has not read up to: one busy with a plan or a backlog
+                # has tuples of the windows it would close still to read
+                edges = [self._read_up_to(src, e) for src, e in live
+                         if self.source_state.get(src.name) == "running"]
+                beat = bool(edges) and None not in edges
+                closed = min(int(time.time()), *edges) - delay if beat else 0
+                # it closes windows only once every engine has flushed them
                 flushed = [e.flush_before(closed) for e in self.engines] if beat else []
                 if beat and all(flushed):
-                    for e in live:
+                    for _, e in live:
                         e.heartbeat(closed)
             except Exception as err:  # reported like a source's failure, never silent
                 self.source_errors.append(f"lfta flush: {err!r}")
@@ -192,7 +197,9 @@ class Collector:
         try:
             durable = engine.checkpoint is not None
             for raw in src.batches(self._stop):
-                if raw is not None and len(raw):
+                if raw is None:  # waiting, with everything read processed
+                    self._waited_at[src.name] = time.time()
+                elif len(raw):
                     engine.process(raw, src.name, src.position() if durable else None)
                 if hasattr(src, "decoder"):
                     self._flow_counters(src)
@@ -247,15 +254,16 @@ class Collector:
         SparkSession._instantiatedSession = SparkSession._activeSession = None
         self._start_spark()
 
-    def _caught_up(self, e: Engine, now: int) -> bool:
-        """Whether live source engine ``e`` reads the present: its latest tuple is recent, or
-        it has had nothing to read for a while. A followed file restarted behind its writer is
-        not: a heartbeat would close the windows of the backlog it has still to read."""
-        if e.max_time is not None and e.max_time >= now - self.settings.spark.watermark_delay_s \
-                - 1:
-            return True
-        idle_s = (time.monotonic_ns() - e.last_batch_ns) / 1e9
-        return idle_s >= max(2 * self.settings.spark.trigger_s, 5.0)
+    def _read_up_to(self, src, e: Engine) -> int | None:
+        """The time (epoch s) up to which live source ``src`` has handed every tuple to its
+        engine, which processed it: the latest time it was found waiting with nothing more
+        to read (a tick, a followed file at its end), or its latest tuple's (a source that
+        always has more); None before either. A tuple stamped before it and read after is
+        late by more than the time a heartbeat leaves (the watermark delay)."""
+        waited = [t for t in (self._waited_at.get(src.name),
+                              getattr(src, "caught_up_at", lambda: None)()) if t is not None]
+        times = [int(t) for t in waited] + ([e.max_time] if e.max_time is not None else [])
+        return max(times) if times else None
 
     def _checkpoint(self, src) -> Checkpoint | None:
         """A loop-free file source resumes after what its last commit put in the spool, a

@@ -27,7 +27,8 @@ class Source(Protocol):
     restamp: bool  # live time: the daemon writes heartbeats so windows close in quiet times
 
     def batches(self, stop: threading.Event) -> Iterator[RawBatch | FlowBatch | None]:
-        """Batches; None as a tick when the source is waiting (for heartbeats)."""
+        """Batches; None as a tick when the source is waiting with everything it had handed
+        over (the daemon's heartbeats may then close the windows before now)."""
         ...
 
 
@@ -65,6 +66,12 @@ class PcapFileSource:
         """A file read once or followed (loop-free) resumes where it was: its position is
         the records read."""
         return self.follow or not self.loop
+
+    def caught_up_at(self) -> float | None:
+        """A followed file: the wall time it was last found to hold nothing more (every
+        record written before then was handed over and processed)."""
+        src = getattr(self.reader, "src", None)
+        return getattr(src, "waited_at", None) if self.follow else None
 
     def position(self) -> dict:
         st = os.stat(self.path)

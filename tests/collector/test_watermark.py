@@ -1,0 +1,132 @@
+"""Nothing reaches Spark late. Spark's watermark is the latest window start its spool files held
+less the delay, and a row of an earlier window that arrives after it is dropped: so whatever the
+engine writes (an early flush of a full table, a heartbeat) must never close a window whose
+partials are still to come. The tests play Spark: they read the spool's files in order, as
+Spark's file source does, keep its watermark and count the rows that would arrive late (none
+may), and every window closed holds every packet of it, as dpkt counts them.
+
+- Heartbeats close quiet windows, never one a live source has still to read: the collector
+  follows a capture that grows in real time while its engine stalls for seconds (what a plan
+  compile under a burst of registrations, a pause or a slow disk does).
+- A table that fills early in a window, flushing that window's rows, takes with it the rows of
+  the windows those close from the folder's other tables."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import dpkt
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from prometheus_client import generate_latest
+
+from capture.pcap import open_capture
+from collector.config import LftaConfig, OmConfig, SourceConfig, load_settings
+from collector.engine import Engine
+from collector.metrics import Metrics
+from collector.service import Collector
+from collector.spool import Spool, list_files
+from planner.plan import build_plan
+from planner.query import parse_queries
+from tests.collector.test_lfta_pipeline import spread
+from tests.test_daemon import metric
+from tests.test_hot_swap import Feeder
+
+PERIOD = 2  # a window two seconds long: a heartbeat at now - 1 s may fall inside one
+STALL_S = 7  # longer than any idle time a heartbeat waits for
+
+
+def spark_view(folder, delay_s: int = 1) -> tuple[Counter, int, int]:
+    """(counts per (node, window start), rows Spark would drop as late, the final watermark in
+    s) from a spool folder's files read in order."""
+    counts: Counter = Counter()
+    late, top = 0, None
+    for f in sorted(list_files(folder), key=lambda p: p.name):
+        t = pq.read_table(f, columns=["window_start", "node", "cnt"])
+        ws = [us // 1_000_000 for us in pc.cast(t.column("window_start"), pa.int64()).to_pylist()]
+        watermark = None if top is None else top - delay_s
+        for w, node, n in zip(ws, t.column("node").to_pylist(), t.column("cnt").to_pylist(),
+                              strict=True):
+            if watermark is not None and w < watermark:
+                late += 1
+            elif node:
+                counts[node, w] += n
+        top = max([top, *ws] if top is not None else ws)
+    return counts, late, top - delay_s
+
+
+def read(c: Collector) -> float:
+    return metric(generate_latest(c.metrics.registry).decode(), "flowsieve_packets_in_total",
+                  'source="traffic"')
+
+
+def test_a_heartbeat_never_closes_what_a_stalled_source_has_not_read(tmp_path, monkeypatch):
+    path = tmp_path / "traffic.pcap"
+    feeder = Feeder(path, per_tick=20)
+    queries = tmp_path / "q.sql"
+    queries.write_text(f"SELECT time/{PERIOD} AS t, count(*) AS n FROM packets "
+                       f"GROUP BY time/{PERIOD}")
+    src = SourceConfig(type="pcap", name="traffic", path=str(path), follow=True)
+    c = Collector(load_settings(var_dir=tmp_path / "var", initial_queries=str(queries),
+                                sources=[src], batch_size=64, spark={"trigger_s": 0.2}))
+    real, calls = Engine.process, [0]
+
+    def process(self, raw, *args, **kw):
+        calls[0] += 1
+        if calls[0] == 5:
+            time.sleep(STALL_S)  # the source's thread stalls; the daemon's clock runs on
+        return real(self, raw, *args, **kw)
+    monkeypatch.setattr(Engine, "process", process)
+    feeder.start()
+    c.start(with_sources=True, with_spark=False)
+    try:
+        deadline = time.monotonic() + 60
+        while calls[0] < 6 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert calls[0] >= 6, "the stall did not happen"
+        time.sleep(3)  # heartbeats after the stall, as the source reads its backlog
+        feeder.stop.set()
+        feeder.join(10)
+        while read(c) < feeder.written and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)  # the heartbeats and commits of the time read last
+    finally:
+        feeder.stop.set()
+        c.stop()
+    counts, late, watermark = spark_view(c.settings.spool_dir / "packets" / str(PERIOD))
+    counts = Counter({w: n for (_, w), n in counts.items()})  # one query, one node
+    with open(path, "rb") as fh:
+        truth = Counter(int(ts) // PERIOD * PERIOD for ts, _ in dpkt.pcap.Reader(fh))
+    assert late == 0
+    closed = sorted(w for w in truth if w < watermark)
+    assert len(closed) >= (STALL_S + 3) // PERIOD  # the stalled time's windows closed too
+    assert {w: counts[w] for w in closed} == {w: truth[w] for w in closed}
+
+
+def test_an_early_flush_takes_the_windows_it_closes_from_every_table(tmp_path):
+    path, recs = spread(tmp_path, "ok.pcap", 0.01)  # 851 packets over 8.5 s
+    period = 2
+    queries = parse_queries(
+        f"SELECT time/{period} AS t, src_ip, dst_ip, src_port, dst_port, count(*) AS n "
+        f"FROM packets GROUP BY time/{period}, src_ip, dst_ip, src_port, dst_port;\n"
+        f"SELECT time/{period} AS t, ttl, count(*) AS n FROM packets GROUP BY time/{period}, ttl")
+    plan = build_plan(queries, aggregate_tree=False)  # a table each: the first one fills
+    spool = Spool(tmp_path / "spool", 1 << 30, "block", 0.0)
+    engine = Engine(spool, "packets", Metrics(), "probe", 1,
+                    lfta=LftaConfig(capacity=16, max_load=0.5), om=OmConfig(enabled=False))
+    engine.set_plan(plan)
+    for raw in open_capture(path, 32):
+        engine.process(raw)
+    engine.finish()
+    counts, late, _ = spark_view(spool.folder("packets", str(period)))
+    full = metric(generate_latest(engine.metrics.registry).decode(),
+                  "flowsieve_lfta_flushes_total", 'reason="full",stream="packets"')
+    assert full > 0  # the precondition: tables filled inside windows
+    assert late == 0
+    truth = Counter(int(ts) // period * period for ts, _, _ in recs)
+    nodes = {node for node, _ in counts}
+    assert len(nodes) == 2
+    for node in nodes:
+        assert {w: n for (x, w), n in counts.items() if x == node} == truth
