@@ -98,7 +98,7 @@ class Engine:
                  waiting: Callable[[float], None] | None = None,
                  checkpoint: Checkpoint | None = None, commit_s: float = 1.0,
                  residual: ResidualConfig | None = None, om: OmConfig | None = None,
-                 clock: Callable[[], int] = time.monotonic_ns):
+                 clock: Callable[[], int] = time.monotonic_ns, finite: bool = False):
         self.spool = spool
         self.asc_config = asc or AscConfig()
         self.residual_config = residual or ResidualConfig()
@@ -107,6 +107,8 @@ class Engine:
         self.lfta_config = lfta or LftaConfig()
         self.om_config = om or OmConfig()
         self._clock = clock  # OM's arrival rates (tests drive it)
+        # a finite input (replay): OM charts every node at its top rate (NodeTable.rate)
+        self.finite = finite
         self.meter = meter
         self.sampler = sampler
         self.stream = stream
@@ -184,7 +186,8 @@ class Engine:
                                        tree.chart(keys, slots) if tree and om.enabled else None,
                                        om.history, om.decay,
                                        {m for qp in qps if qp.slot in slots
-                                        for m in qp.query.measures})
+                                        for m in qp.query.measures},
+                                       om.lambda_max if self.finite else None)
                              for keys, slots in maintained_nodes(plan, self.stream, folder)]
             folders.append(fp)
             for t in fp.tables:

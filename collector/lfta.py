@@ -446,8 +446,12 @@ class NodeTable:
 
     def __init__(self, stream: str, period: int, keys, slots, q_words: int,
                  lfta: LftaConfig | None, chart: Chart | None = None,
-                 history: int = 5, decay: float = 0.5, reads=None):
+                 history: int = 5, decay: float = 0.5, reads=None, rate: float | None = None):
         self.stream, self.period = stream, period
+        # OM's arrival rate when it is not measured: a finite input (``replay``) arrives as
+        # fast as the engine reads it, and what its plans cost is the rows Spark merges at the
+        # end, not a rate of processing time that other work on the machine changes
+        self.rate = rate
         self.spool_layout = KeyLayout(stream, keys, q_words)  # what the spool's rows carry
         # what the table keys on: with a sketch key (~dst_ip), the sketched field too (its
         # rows merge per packed key into one sketch each when they leave, ``sketch_rows``)
@@ -530,7 +534,8 @@ class NodeTable:
         if ws <= self._round:
             return False
         sel = self._round_node / self._round_all if self._round_all else 0.0
-        lam = self._round_all / max((now_ns - self._round_ns) / 1e9, 1e-6)
+        lam = self.rate if self.rate is not None else \
+            self._round_all / max((now_ns - self._round_ns) / 1e9, 1e-6)
         before = self.scheduler.plan
         self._regroup()
         plan = self.scheduler.end_round(sel, lam)

@@ -97,7 +97,7 @@ def _new_engine(spool: Spool, stream: str, metrics: Metrics, settings: Settings,
                 plan: Plan) -> Engine:
     engine = Engine(spool, stream, metrics, "replay", settings.spark.watermark_delay_s,
                     asc=settings.asc, lfta=settings.lfta, residual=settings.residual,
-                    om=settings.om)
+                    om=settings.om, finite=True)
     engine.set_plan(plan)
     return engine
 
