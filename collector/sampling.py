@@ -5,6 +5,7 @@ Only hashes of the key fields are stored, never the values."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 
 import numpy as np
@@ -12,6 +13,14 @@ import numpy as np
 from capture.fields import SKETCH
 from collector.keys import KeyLayout
 from planner.sizes import TupleSample, mix
+
+
+def _stable_hash(value: str | None) -> int:
+    """A string's 64-bit hash, the same in every process (Python's ``hash`` of a string
+    changes with PYTHONHASHSEED, and with it the node sizes and the plan of a replay)."""
+    if value is None:
+        return 0
+    return int.from_bytes(hashlib.blake2b(value.encode(), digest_size=8).digest(), "little")
 
 
 def field_hashes(stream: str, tb, rows: np.ndarray, names) -> dict[str, np.ndarray]:
@@ -25,7 +34,7 @@ def field_hashes(stream: str, tb, rows: np.ndarray, names) -> dict[str, np.ndarr
             h = mix(h ^ words[:, c].view(np.uint64))
         if layout.string is not None:
             vals = layout.strings_of(tb, rows).to_pylist()
-            h = mix(h ^ np.array([hash(v) & 0xFFFFFFFFFFFFFFFF for v in vals], np.uint64))
+            h = mix(h ^ np.array([_stable_hash(v) for v in vals], np.uint64))
         out[name] = h
     return out
 

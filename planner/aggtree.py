@@ -23,19 +23,30 @@ misses; the paper used Wong's dual ascent.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True, order=True)
+@functools.total_ordering
+@dataclass(frozen=True)
 class AggNode:
-    """Group-by attributes and a filter (query slots); the root has ``root`` set."""
+    """Group-by attributes and a filter (query slots); the root has ``root`` set. Nodes sort
+    by their sorted attributes and slots: a total order, so a plan never depends on the order
+    a set of nodes was iterated in (frozensets compare as subsets, which sorted by the order
+    of the input, and that changed with each process's string hashing)."""
 
     keys: frozenset[str]
     slots: frozenset[int]
     root: bool = False
+
+    def _order(self) -> tuple:
+        return self.root, sorted(self.keys), sorted(self.slots)
+
+    def __lt__(self, other: AggNode) -> bool:
+        return self._order() < other._order()
 
     def covers(self, other: AggNode) -> bool:
         if self.root:

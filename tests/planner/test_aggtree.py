@@ -121,3 +121,50 @@ def test_no_node_joins_what_one_row_cannot_hold(w, seed):
                       lambda v: 1 + len(v.keys), c1=4, c2=4, seed=seed,
                       packable=lambda keys: not {"a", "b"} <= keys)
     assert all(not {"a", "b"} <= v.keys for v in tree.parent)
+
+
+PLAN_OF_A_CAPTURE = """
+import sys, tempfile
+from pathlib import Path
+from collector.config import Settings
+from collector.engine import maintained_nodes
+from collector.replay import DEFAULT_FLOW_PORTS, measured_plan
+from collector.spool import Spool
+from planner.plan import build_plan
+from planner.query import parse_queries
+queries = parse_queries(Path(sys.argv[1]).read_text())
+settings = Settings(initial_queries=None)
+spool = Spool(Path(tempfile.mkdtemp()) / "spool")
+plan = measured_plan(sys.argv[2], queries, build_plan(queries, **settings.plan_options()), spool,
+                     settings, DEFAULT_FLOW_PORTS)
+for t in plan.trees:
+    print(t.folder, maintained_nodes(plan, t.stream, t.folder))
+"""
+
+
+def test_a_plan_is_the_same_in_every_process():
+    """The measured plan of the telemetry applications (string keys, shared nodes) over a
+    capture is the same whatever the process's string hashing (PYTHONHASHSEED): node sizes
+    hash strings with a fixed function, and nodes sort in a total order."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import capture
+    apps = Path(__file__).parents[2] / "bench" / "telemetry" / "apps.sql"
+    out = set()
+    for seed in ("1", "2", "3"):
+        proc = subprocess.run([sys.executable, "-c", PLAN_OF_A_CAPTURE, str(apps),
+                               str(capture("ok.pcap"))], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed}, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out.add(proc.stdout)
+    assert len(out) == 1 and "60" in next(iter(out))
+
+
+def test_nodes_sort_in_one_order_whatever_the_input_order():
+    nodes = [AggNode(frozenset(k), frozenset(s)) for k, s in
+             ((("src_ip",), (1,)), (("dst_ip",), (2,)), (("dst_ip", "src_ip"), (1, 2)),
+              (("dns_qname",), (3,)), ((), (4,)), (("src_ip",), (2,)))] + [ROOT]
+    assert sorted(nodes) == sorted(nodes[3:] + nodes[:3]) == sorted(nodes[5:] + nodes[:5])
