@@ -81,6 +81,13 @@ def distinct_in_population(d: float, n: float, N: float) -> float:
     return (lo + hi) / 2
 
 
+def _string_key(stream: str, key: str) -> bool:
+    try:
+        return key_kind(stream, key.removeprefix("~")) == STRING
+    except KeyError:  # not a catalogue field (a model's attribute)
+        return False
+
+
 @dataclass
 class NodeSizes:
     """``sz`` of one (stream, period) folder's nodes: from a sample, or guessed."""
@@ -119,7 +126,12 @@ class NodeSizes:
             return self.tuples()
         got = self._cache.get(v)
         if got is None:
-            got = self._cache[v] = self._measure(v) if self._sampled(v) else self._guess(v)
+            got = self._measure(v) if self._sampled(v) else self._guess(v)
+            if any(_string_key(self.stream, k) for k in v.keys):
+                # the LFTA keeps no table on a string key (collector/lfta.py NodeTable):
+                # every tuple of such a node is a row of its own
+                got = max(got, self.tuples_of(v))
+            self._cache[v] = got
         return got
 
     def _sampled(self, v: AggNode) -> bool:

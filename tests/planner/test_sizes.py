@@ -104,3 +104,15 @@ def test_nodes_the_sample_cannot_see_are_guessed():
     assert sizes(AggNode(frozenset({"dst_port"}), frozenset({0}))) == 2250
     assert sizes.tuples_of(AggNode(frozenset({"src_ip"}), frozenset({70}))) == \
         pytest.approx(n, rel=0.05)
+
+
+def test_a_string_keyed_node_is_a_row_per_tuple():
+    """The LFTA keeps no table on a string key (dns_qname): however few the names, every tuple
+    of such a node reaches Spark, so the tree sizes it at its tuples, not its groups (it once
+    joined the superspreader and port-scan queries to the DNS-name node: a row per packet)."""
+    n = 50_000
+    cols = population(n, {"dns_qname": 5, "src_ip": 5}, seed=1)
+    sizes = NodeSizes("packets", 60, sample_of(cols, n, 0.1, seed=1))
+    by_name = AggNode(frozenset({"dns_qname"}), frozenset({0}))
+    assert sizes(AggNode(frozenset({"src_ip"}), frozenset({0}))) < 10
+    assert sizes(by_name) == pytest.approx(sizes.tuples_of(by_name)) == pytest.approx(n, rel=0.05)
