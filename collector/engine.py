@@ -107,7 +107,9 @@ class Engine:
         self.lfta_config = lfta or LftaConfig()
         self.om_config = om or OmConfig()
         self._clock = clock  # OM's arrival rates (tests drive it)
-        # a finite input (replay): OM charts every node at its top rate (NodeTable.rate)
+        # a finite input (replay) runs no OM: it has no arrival rate to chart (it arrives as
+        # fast as it is read, and that rate changes with whatever else the machine does), so
+        # every node keeps lfta.capacity, flushed as windows close (bench/README.md)
         self.finite = finite
         self.meter = meter
         self.sampler = sampler
@@ -181,13 +183,13 @@ class Engine:
             fp = FolderPlan(self.stream, folder, period, [qp.slot for qp in qps])
             if period is not None:
                 tree, om = plan.tree(self.stream, folder), self.om_config
+                charted = bool(tree) and om.enabled and not self.finite
                 fp.tables = [NodeTable(self.stream, period, keys, slots, cp.q_words,
                                        self.lfta_config,
-                                       tree.chart(keys, slots) if tree and om.enabled else None,
+                                       tree.chart(keys, slots) if charted else None,
                                        om.history, om.decay,
                                        {m for qp in qps if qp.slot in slots
-                                        for m in qp.query.measures},
-                                       om.lambda_max if self.finite else None)
+                                        for m in qp.query.measures})
                              for keys, slots in maintained_nodes(plan, self.stream, folder)]
             folders.append(fp)
             for t in fp.tables:

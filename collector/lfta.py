@@ -137,6 +137,7 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
     key = np.empty((1, t_keys.shape[1]), np.int64)
     merged = 0
     first = I64_MAX
+    ws, end = I64_MAX, I64_MIN  # the window of the tuple before: a division saved a tuple
     for i in range(start, Q.shape[0]):
         empty = True
         for w in range(words):
@@ -144,7 +145,9 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
                 empty = False
         if empty:
             continue
-        ws = (time[i] // period) * period
+        if not ws <= time[i] < end:
+            ws = (time[i] // period) * period
+            end = ws + period
         key[0, 0] = ws
         c, a, b = 1, 0, 0
         for k in range(kinds.shape[0]):
@@ -320,8 +323,10 @@ class PartialTable:
         self.t_used = np.zeros(cap, np.bool_)
         self.t_cnt = np.zeros(cap, np.int64)
         self.t_sum = np.zeros((cap, m), np.int64)
-        self.t_min = np.full((cap, m), I64_MAX, np.int64)
-        self.t_max = np.full((cap, m), I64_MIN, np.int64)
+        # a slot's measures are written when a row claims it (``_put``) and read only while
+        # it is used: left unwritten, a large table's pages are mapped only as rows use them
+        self.t_min = np.empty((cap, m), np.int64)
+        self.t_max = np.empty((cap, m), np.int64)
         self.n_used = 0
 
     def __len__(self) -> int:
@@ -446,12 +451,8 @@ class NodeTable:
 
     def __init__(self, stream: str, period: int, keys, slots, q_words: int,
                  lfta: LftaConfig | None, chart: Chart | None = None,
-                 history: int = 5, decay: float = 0.5, reads=None, rate: float | None = None):
+                 history: int = 5, decay: float = 0.5, reads=None):
         self.stream, self.period = stream, period
-        # OM's arrival rate when it is not measured: a finite input (``replay``) arrives as
-        # fast as the engine reads it, and what its plans cost is the rows Spark merges at the
-        # end, not a rate of processing time that other work on the machine changes
-        self.rate = rate
         self.spool_layout = KeyLayout(stream, keys, q_words)  # what the spool's rows carry
         # what the table keys on: with a sketch key (~dst_ip), the sketched field too (its
         # rows merge per packed key into one sketch each when they leave, ``sketch_rows``)
@@ -534,8 +535,7 @@ class NodeTable:
         if ws <= self._round:
             return False
         sel = self._round_node / self._round_all if self._round_all else 0.0
-        lam = self.rate if self.rate is not None else \
-            self._round_all / max((now_ns - self._round_ns) / 1e9, 1e-6)
+        lam = self._round_all / max((now_ns - self._round_ns) / 1e9, 1e-6)
         before = self.scheduler.plan
         self._regroup()
         plan = self.scheduler.end_round(sel, lam)
