@@ -109,9 +109,15 @@ def _alive(pid: int) -> bool:
 
 
 def class_archive_path(folder: str | os.PathLike) -> Path:
-    """The class-data archive of this pyspark in ``folder``."""
+    """The class-data archive of this pyspark installation in ``folder``. The JVM ignores an
+    archive dumped with another class path (``-Xshare:auto``), so the name holds a digest of
+    where this pyspark's jars are: two installations (two virtual environments) sharing a
+    cache each keep their own, where one name kept the first one's, useless to the other."""
+    import hashlib
+
     import pyspark
-    return Path(folder) / f"spark-{pyspark.__version__}-job-classes.jsa"
+    where = hashlib.sha1(str(Path(pyspark.__file__).resolve().parent).encode()).hexdigest()
+    return Path(folder) / f"spark-{pyspark.__version__}-{where[:10]}-job-classes.jsa"
 
 
 def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_partitions: int = 4,

@@ -257,3 +257,15 @@ def test_class_archive_kept_only_from_a_jvm_that_ran_a_job(tmp_path, monkeypatch
     assert archive.read_bytes() == b"classes" and not kept.exists()
     assert f"-XX:SharedArchiveFile={archive}" in opts
     assert not list(tmp_path.glob("*.ready"))
+
+
+def test_each_pyspark_installation_keeps_its_own_archive(tmp_path, monkeypatch):
+    """The JVM ignores an archive dumped with another class path: two installations sharing a
+    cache folder (two virtual environments) must not share one name."""
+    import pyspark
+
+    from collector.spark.job import class_archive_path
+    here = class_archive_path(tmp_path)
+    assert here == class_archive_path(tmp_path) and pyspark.__version__ in here.name
+    monkeypatch.setattr(pyspark, "__file__", str(tmp_path / "other" / "pyspark" / "__init__.py"))
+    assert class_archive_path(tmp_path) != here
