@@ -487,15 +487,15 @@ class Engine:
 
     def _closing(self, c: _Compiled, fp: FolderPlan, parts: list[pa.Table]) -> list[pa.Table]:
         """``parts`` with every table's rows of the windows they close in Spark. A file's
-        latest window start less the watermark delay is Spark's watermark once it has read
-        the file, and a row of an earlier window that comes after it is dropped as late: so
-        when a table flushes early (full, aged) rows of a window the engine has not closed,
-        the rows of the windows before it that the folder's other tables hold go in the same
-        file."""
+        latest window start less the period and the watermark delay is Spark's watermark
+        once it has read the file (SparkJob), and a row of an earlier window that comes after
+        it is dropped as late: so when a table flushes early (full, aged) rows of a window
+        while the folder's other tables hold windows that far back (a batch spanning more than
+        a period), those go in the same file."""
         starts = [pc.max(p.column("window_start")).value for p in parts if p.num_rows]
         if not starts or fp.period is None:
             return parts
-        edge = max(starts) // 1_000_000 - self.watermark_delay_s
+        edge = max(starts) // 1_000_000 - fp.period - self.watermark_delay_s
         for t in fp.tables:
             for x in t.tables():
                 p = x.flush_windows(edge)
@@ -565,23 +565,29 @@ class Engine:
         for fp in c.folders:
             if fp.period is None:
                 continue
-            ws = ws_of_period(fp.period)
+            # Spark's watermark lags a folder's latest window start by its period and the
+            # delay (SparkJob): closing the windows before ws takes a start a period later
+            ws = ws_of_period(fp.period) + fp.period
             self._spool(fp.folder, punctuation(self.stream, ws, c.plan.version, self.probe))
 
-    def finish(self) -> None:
-        """End of input: punctuation beyond the last window, so every window closes."""
+    def finish(self, last: int | None = None, close: bool = True) -> None:
+        """End of input: every partial to the spool and, with ``close``, punctuation beyond
+        the last window (of ``last`` too: the latest time of the stream's other engines), so
+        every window closes. Without: the windows stay open for the engines still reading
+        (collector/service.py: the last engine of a stream to finish closes them)."""
         with self._data:
-            self._finish()
+            times = [t for t in (last, self.max_time) if t is not None]
+            c = self._current()
+            if not close or not times:
+                if c is not None:
+                    self._flush(c, lambda t, x: x.flush_all())
+            else:
+                end = max(times)
+                self._punctuate(lambda p: (end // p) * p + p + self.watermark_delay_s + 1,
+                                flush_all=True)
             if self.checkpoint is not None:
                 self._dirty = True
                 self._commit(force=True)
-
-    def _finish(self) -> None:
-        if self.max_time is None:
-            return
-        last = self.max_time
-        self._punctuate(lambda p: (last // p) * p + p + self.watermark_delay_s + 1,
-                        flush_all=True)
 
     def flush_before(self, now_s: int) -> bool:
         """Flush the windows that end by ``now_s``'s window (what a heartbeat closes): the

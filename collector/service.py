@@ -63,6 +63,8 @@ class Collector:
         self.source_errors: list[str] = []
         self.source_state: dict[str, str] = {}  # name -> running, finished or failed: why
         self._waited_at: dict[str, float] = {}  # name -> when it last waited, all read
+        self._finish_lock = threading.Lock()
+        self._finished: set[int] = set()  # engines whose source ended (ids)
         self.plan_overrides: dict = {}  # POST /prefilter/rebuild's options
         self.sources: list = []
         self._flow_seen: dict[str, dict] = {}
@@ -206,18 +208,29 @@ class Collector:
             if durable and self._stop.is_set():
                 engine.commit(force=True)  # stopped, not at its end: resume here next time
                 return
-            engine.finish()
+            self._finish(engine)
             self.source_state[src.name] = "finished"
         except DecodeError as e:
             self.metrics.decode_errors.labels(src.name, e.kind or "input").inc()
             self.source_errors.append(str(e))
             self.source_state[src.name] = f"failed: {e}"
             log.error("source %s: %s", src.name, e)
-            engine.finish()
+            self._finish(engine)
         except Exception as e:  # a source thread must report, not vanish
             self.source_errors.append(f"{src.name}: {e!r}")
             self.source_state[src.name] = f"failed: {e!r}"
             log.exception("source %s failed", src.name)
+
+    def _finish(self, engine: Engine) -> None:
+        """A source ended: its engine flushes its partials; the last engine of a stream to end
+        also closes every window (beyond the latest time of them all). An engine that closed
+        them while another still read would make Spark drop the other's partials as late."""
+        with self._finish_lock:
+            self._finished.add(id(engine))
+            same = [e for e in self.engines if e.stream == engine.stream]
+            last = all(id(e) in self._finished for e in same)
+            times = [e.max_time for e in same if e.max_time is not None]
+        engine.finish(max(times) if times else None, close=last)
 
     def _start_spark(self) -> None:
         """The Spark session (unless one was given) and the streaming queries of the plan."""

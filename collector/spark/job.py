@@ -337,7 +337,12 @@ class SparkJob:
                   .option("stream", stream).option("folder", folder).load())
         if folder == "select":
             return df
-        return merge_partials(df, stream, self.delay)
+        # the watermark lags the latest window start by the period and the delay: a row of
+        # window W then closes only windows that end before W - delay, which every engine
+        # whose latest tuple is within the delay of W's first has closed; a row flushed
+        # early (a full table, pass-through) closes nothing another engine or probe still
+        # holds. A punctuation says W + period to close what ends by W (Engine._punctuate).
+        return merge_partials(df, stream, self.delay + int(folder))
 
     def start(self, stream: str, folder: str, available_now: bool = False):
         """Start the streaming query of one folder (idempotent while it runs)."""

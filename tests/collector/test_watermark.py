@@ -1,5 +1,5 @@
-"""Nothing reaches Spark late. Spark's watermark is the latest window start its spool files held
-less the delay, and a row of an earlier window that arrives after it is dropped: so whatever the
+"""Nothing reaches Spark late. Spark's watermark follows the latest window start its spool files
+held, and a row of an earlier window that arrives after it is dropped: so whatever the
 engine writes (an early flush of a full table, a heartbeat) must never close a window whose
 partials are still to come. The tests play Spark: they read the spool's files in order, as
 Spark's file source does, keep its watermark and count the rows that would arrive late (none
@@ -8,8 +8,10 @@ may), and every window closed holds every packet of it, as dpkt counts them.
 - Heartbeats close quiet windows, never one a live source has still to read: the collector
   follows a capture that grows in real time while its engine stalls for seconds (what a plan
   compile under a burst of registrations, a pause or a slow disk does).
-- A table that fills early in a window, flushing that window's rows, takes with it the rows of
-  the windows those close from the folder's other tables."""
+- Spark's watermark lags the latest window start by the period and the delay, so a table that
+  fills early in a window closes nothing the folder's other tables, or another engine a little
+  behind, still hold; a batch that spans windows takes the rows of those its flush closes from
+  every table."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import dpkt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 from prometheus_client import generate_latest
 
 from capture.pcap import open_capture
@@ -38,15 +41,16 @@ PERIOD = 2  # a window two seconds long: a heartbeat at now - 1 s may fall insid
 STALL_S = 7  # longer than any idle time a heartbeat waits for
 
 
-def spark_view(folder, delay_s: int = 1) -> tuple[Counter, int, int]:
+def spark_view(folder, period: int, delay_s: int = 1) -> tuple[Counter, int, int]:
     """(counts per (node, window start), rows Spark would drop as late, the final watermark in
-    s) from a spool folder's files read in order."""
+    s) from a spool folder's files read in order; Spark's watermark lags the latest window
+    start by the period and the delay (collector/spark/job.py)."""
     counts: Counter = Counter()
     late, top = 0, None
     for f in sorted(list_files(folder), key=lambda p: p.name):
         t = pq.read_table(f, columns=["window_start", "node", "cnt"])
         ws = [us // 1_000_000 for us in pc.cast(t.column("window_start"), pa.int64()).to_pylist()]
-        watermark = None if top is None else top - delay_s
+        watermark = None if top is None else top - period - delay_s
         for w, node, n in zip(ws, t.column("node").to_pylist(), t.column("cnt").to_pylist(),
                               strict=True):
             if watermark is not None and w < watermark:
@@ -54,7 +58,7 @@ def spark_view(folder, delay_s: int = 1) -> tuple[Counter, int, int]:
             elif node:
                 counts[node, w] += n
         top = max([top, *ws] if top is not None else ws)
-    return counts, late, top - delay_s
+    return counts, late, top - period - delay_s
 
 
 def read(c: Collector) -> float:
@@ -95,7 +99,7 @@ def test_a_heartbeat_never_closes_what_a_stalled_source_has_not_read(tmp_path, m
     finally:
         feeder.stop.set()
         c.stop()
-    counts, late, watermark = spark_view(c.settings.spool_dir / "packets" / str(PERIOD))
+    counts, late, watermark = spark_view(c.settings.spool_dir / "packets" / str(PERIOD), PERIOD)
     counts = Counter({w: n for (_, w), n in counts.items()})  # one query, one node
     with open(path, "rb") as fh:
         truth = Counter(int(ts) // PERIOD * PERIOD for ts, _ in dpkt.pcap.Reader(fh))
@@ -105,28 +109,72 @@ def test_a_heartbeat_never_closes_what_a_stalled_source_has_not_read(tmp_path, m
     assert {w: counts[w] for w in closed} == {w: truth[w] for w in closed}
 
 
-def test_an_early_flush_takes_the_windows_it_closes_from_every_table(tmp_path):
-    path, recs = spread(tmp_path, "ok.pcap", 0.01)  # 851 packets over 8.5 s
-    period = 2
+def two_tables(period: int):
+    """A plan of two queries of one folder, a table each (no tree): the first one's groups
+    are the packets' connections (a 16-slot table fills), the second one's their TTLs."""
     queries = parse_queries(
         f"SELECT time/{period} AS t, src_ip, dst_ip, src_port, dst_port, count(*) AS n "
         f"FROM packets GROUP BY time/{period}, src_ip, dst_ip, src_port, dst_port;\n"
         f"SELECT time/{period} AS t, ttl, count(*) AS n FROM packets GROUP BY time/{period}, ttl")
-    plan = build_plan(queries, aggregate_tree=False)  # a table each: the first one fills
+    return build_plan(queries, aggregate_tree=False)
+
+
+def engine_of(spool: Spool, probe: str, plan) -> Engine:
+    e = Engine(spool, "packets", Metrics(), probe, 1, lfta=LftaConfig(capacity=16, max_load=0.5),
+               om=OmConfig(enabled=False))
+    e.set_plan(plan)
+    return e
+
+
+def full_flushes(e: Engine) -> float:
+    return metric(generate_latest(e.metrics.registry).decode(), "flowsieve_lfta_flushes_total",
+                  'reason="full",stream="packets"')
+
+
+@pytest.mark.parametrize("batch", [32, 1024])
+def test_an_early_flush_takes_the_windows_it_closes_from_every_table(tmp_path, batch):
+    """A table fills inside a window; with batches of a third of a second its flush closes
+    nothing the other table holds; a batch of the whole capture (8.5 s) holds four windows,
+    and the rows of the earliest go with the flush of the latest."""
+    path, recs = spread(tmp_path, "ok.pcap", 0.01)  # 851 packets over 8.5 s
+    period = 2
     spool = Spool(tmp_path / "spool", 1 << 30, "block", 0.0)
-    engine = Engine(spool, "packets", Metrics(), "probe", 1,
-                    lfta=LftaConfig(capacity=16, max_load=0.5), om=OmConfig(enabled=False))
-    engine.set_plan(plan)
-    for raw in open_capture(path, 32):
+    engine = engine_of(spool, "probe", two_tables(period))
+    for raw in open_capture(path, batch):
         engine.process(raw)
     engine.finish()
-    counts, late, _ = spark_view(spool.folder("packets", str(period)))
-    full = metric(generate_latest(engine.metrics.registry).decode(),
-                  "flowsieve_lfta_flushes_total", 'reason="full",stream="packets"')
-    assert full > 0  # the precondition: tables filled inside windows
+    counts, late, _ = spark_view(spool.folder("packets", str(period)), period)
+    assert full_flushes(engine) > 0  # the precondition: tables filled inside windows
     assert late == 0
     truth = Counter(int(ts) // period * period for ts, _, _ in recs)
     nodes = {node for node, _ in counts}
     assert len(nodes) == 2
     for node in nodes:
         assert {w: n for (x, w), n in counts.items() if x == node} == truth
+
+
+def test_an_engine_a_little_behind_another_loses_nothing(tmp_path):
+    """Two engines (two sources of a daemon, or two probes) write one folder; the second reads
+    half a second behind the first. Rows of the first one's full tables reach Spark before the
+    second has read the end of the window before: they must not close it."""
+    path, recs = spread(tmp_path, "ok.pcap", 0.01)
+    period = 2
+    spool = Spool(tmp_path / "spool", 1 << 30, "block", 0.0)
+    plan = two_tables(period)
+    ahead, behind = engine_of(spool, "ahead", plan), engine_of(spool, "behind", plan)
+    batches = list(open_capture(path, 25))  # a quarter of a second each
+    for i in range(len(batches) + 2):
+        if i < len(batches):
+            ahead.process(batches[i].slice(0, len(batches[i]) // 2))
+        if i >= 2:  # two batches (half a second) behind
+            behind.process(batches[i - 2].slice(len(batches[i - 2]) // 2,
+                                                len(batches[i - 2])))
+    ahead.finish(close=False)  # as the daemon ends them: the last one closes the windows
+    behind.finish(ahead.max_time)
+    assert full_flushes(ahead) > 0
+    counts, late, _ = spark_view(spool.folder("packets", str(period)), period)
+    assert late == 0
+    truth = Counter(int(ts) // period * period for ts, _, _ in recs)
+    for node in {node for node, _ in counts}:
+        assert {w: n for (x, w), n in counts.items() if x == node} == truth
+
