@@ -129,7 +129,6 @@ class Engine:
         self._committed_at = time.monotonic()
         self._order_texts: list[str] = []  # the residual order the gauge shows
         self._dirty = False  # tuples processed since the last commit
-        self.last_batch_ns = time.monotonic_ns()  # when a batch was last processed
         self._lock = threading.Lock()
         # the batch path and the collector's flusher thread both touch the LFTA tables
         self._data = threading.RLock()
@@ -259,7 +258,6 @@ class Engine:
             self.spool.wait_for_room(self._stop, self._waiting)
         with self._data:
             kept = self._process(raw, source)
-            self.last_batch_ns = time.monotonic_ns()
             if self.checkpoint is not None:
                 self.position, self._dirty = position, True
                 self._commit()
@@ -577,14 +575,12 @@ class Engine:
         (collector/service.py: the last engine of a stream to finish closes them)."""
         with self._data:
             times = [t for t in (last, self.max_time) if t is not None]
-            c = self._current()
-            if not close or not times:
-                if c is not None:
-                    self._flush(c, lambda t, x: x.flush_all())
-            else:
+            if close and times:
                 end = max(times)
                 self._punctuate(lambda p: (end // p) * p + p + self.watermark_delay_s + 1,
                                 flush_all=True)
+            elif (c := self._current()) is not None:
+                self._flush(c, lambda t, x: x.flush_all())
             if self.checkpoint is not None:
                 self._dirty = True
                 self._commit(force=True)

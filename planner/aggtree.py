@@ -41,12 +41,13 @@ class AggNode:
     keys: frozenset[str]
     slots: frozenset[int]
     root: bool = False
+    _order: tuple = field(init=False, repr=False, compare=False, hash=False)
 
-    def _order(self) -> tuple:
-        return self.root, sorted(self.keys), sorted(self.slots)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_order", (self.root, sorted(self.keys), sorted(self.slots)))
 
     def __lt__(self, other: AggNode) -> bool:
-        return self._order() < other._order()
+        return self._order < other._order
 
     def covers(self, other: AggNode) -> bool:
         if self.root:

@@ -27,7 +27,7 @@ from planner.bpf import bpf_expression
 from planner.charts import Chart, ChartOptions, NodeModel, node_model
 from planner.cover import Cover, cover_matrix
 from planner.query import RESIDUAL_OPS, Predicate, Query, expand
-from planner.sizes import NodeSizes, TupleSample
+from planner.sizes import NodeSizes, TupleSample, string_key
 from planner.slots import n_words
 from planner.unpacking import Unpacking, choose_unpacking
 
@@ -411,8 +411,7 @@ def packable(stream: str, keys: frozenset[str]) -> bool:
     """Whether one key holds a node of these keys (collector/keys.py): at most one sketch,
     and at most one string field (its bytes end the key), a sketched one included (the
     LFTA's table keys on the field it sketches)."""
-    return one_sketch(keys) and sum(key_kind(stream, k.removeprefix("~")) == STRING
-                                    for k in keys) <= 1
+    return one_sketch(keys) and sum(string_key(stream, k) for k in keys) <= 1
 
 
 def aggregate_trees(qplans: list[QueryPlan], infos: list[PredicateInfo],

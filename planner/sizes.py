@@ -81,7 +81,9 @@ def distinct_in_population(d: float, n: float, N: float) -> float:
     return (lo + hi) / 2
 
 
-def _string_key(stream: str, key: str) -> bool:
+def string_key(stream: str, key: str) -> bool:
+    """Whether node key ``key`` (``~f``: the field a sketch counts) is a string field, on
+    which the LFTA keeps no table."""
     try:
         return key_kind(stream, key.removeprefix("~")) == STRING
     except KeyError:  # not a catalogue field (a model's attribute)
@@ -127,7 +129,7 @@ class NodeSizes:
         got = self._cache.get(v)
         if got is None:
             got = self._measure(v) if self._sampled(v) else self._guess(v)
-            if any(_string_key(self.stream, k) for k in v.keys):
+            if any(string_key(self.stream, k) for k in v.keys):
                 # the LFTA keeps no table on a string key (collector/lfta.py NodeTable):
                 # every tuple of such a node is a row of its own
                 got = max(got, self.tuples_of(v))
