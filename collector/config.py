@@ -88,8 +88,9 @@ class SparkConfig(BaseModel):
     driver_memory: str = "2g"
     shuffle_partitions: int = Field(4, ge=1, le=10000)
     state_store: Literal["rocksdb", "hdfs"] = "rocksdb"
-    watermark_delay_s: int = Field(1, ge=1, description="a window closes once partials this "
-                                   "many seconds past its start arrive")
+    watermark_delay_s: int = Field(1, ge=1, description="a window closes once partials of a "
+                                   "window that began this many seconds after its end arrive, "
+                                   "or a heartbeat this long after its end")
     trigger_s: float = Field(2.0, gt=0)
     class_archive: bool = Field(True, description="keep a class-data archive of the JVM "
                                 "(var_dir, or the user's cache for replay): Spark starts "
