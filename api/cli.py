@@ -178,16 +178,21 @@ def check_exposure(api) -> None:
                        "set api.token (or FLOWSIEVE_API__TOKEN) or bind 127.0.0.1")
 
 
-def check_port(host: str, port: int) -> None:
-    """The API port must be free before Spark starts (a clash would show 40 s later)."""
+def api_socket(host: str, port: int) -> socket.socket:
+    """The API's socket, bound before Spark starts: a clash shows at once, not 40 s later, and
+    nothing else (an ephemeral port of Spark, py4j or another process) can take the port while
+    Spark starts (uvicorn binds only after the app's start-up)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise CliError(f"api: cannot listen on {host}:{port}: {e.strerror} (set api.port "
-                           "in the config or FLOWSIEVE_API__PORT)") from e
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+    except OSError as e:
+        s.close()
+        raise CliError(f"api: cannot listen on {host}:{port}: {e.strerror} (set api.port "
+                       "in the config or FLOWSIEVE_API__PORT)") from e
+    s.set_inheritable(False)
+    return s
 
 
 def _settings(path: str | None):
@@ -570,7 +575,7 @@ def spark_reason(e: BaseException) -> str | None:
 def cmd_run(args) -> int:
     settings = _settings(args.config)
     check_exposure(settings.api)
-    check_port(settings.api.host, settings.api.port)
+    sock = api_socket(settings.api.host, settings.api.port)
     check_java()
     _tables(settings)
     from collector.cluster import owner, probe_in_use
@@ -588,7 +593,13 @@ def cmd_run(args) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per Spark callback
     collector = Collector(settings)
     app = create_app(collector, manage=True)
-    uvicorn.run(app, host=settings.api.host, port=settings.api.port, log_level="info")
+    config = uvicorn.Config(app, host=settings.api.host, port=settings.api.port,
+                            log_level="info")
+    host = f"[{settings.api.host}]" if ":" in settings.api.host else settings.api.host
+    logging.getLogger("flowsieve").info("API on http://%s:%d (answers once started)", host,
+                                        settings.api.port)
+    with sock:
+        uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 

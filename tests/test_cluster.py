@@ -245,10 +245,10 @@ sources:
                     for p in sorted((spool / "_control" / "probes").glob("*.json"))]
         assert {s["probe"] for s in statuses} >= {"edge-a", "edge-b"}
     except BaseException:  # the processes' last words, shown by pytest with the failure
-        for log in logs:
+        for log in reversed(logs):  # the daemons first, Spark's own logs without their INFO
             log.flush()
             lines = [x for x in open(log.name, errors="replace").read().splitlines()
-                     if not x.startswith("\tat ")]
+                     if not x.startswith("\tat ") and not re.match(r"\d\d/\d\d/\d\d .* INFO ", x)]
             sys.stdout.write("\n".join([f"==> {log.name} <==", *lines[-25:], ""]))
         raise
     finally:
