@@ -208,7 +208,7 @@ def _l4(buf, p, end, proto, ints, want, i):
         _put(ints, want, C_ICC, i, buf[p + 1])
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def unpack_deep(buf, l4_at, l4_end, l4_proto, ints, want, want_dns, want_qname, qn_len,
                 qn_buf, want_an, an_addr, an_ok, an_len, an_buf, pl_off, pl_len):
     """The variable-offset fields after the L4 header, in a pass of their own over the
@@ -327,7 +327,7 @@ def link_walk(buf, p, end, linktype):
     return et, p, vlan, vlan2, mpls
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_src, want_dst,
                    walk_ip, walk_l4, ints, src, dst, l4_at, l4_end, l4_proto):
     """Decode every record of a batch into the caller-allocated columns (NULL = -1), down to

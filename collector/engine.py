@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -70,6 +71,13 @@ class _Compiled:
     keys: tuple[str, ...]  # every field an aggregate query of the stream groups by
     agg_slots: tuple[int, ...]  # the stream's aggregate queries' slots
 
+
+
+class Prepared(NamedTuple):
+    """A raw batch's tuples unpacked ahead, with the fields they hold."""
+
+    fields: tuple[str, ...]
+    tuples: TupleBatch
 
 
 def maintained_nodes(plan: Plan, stream: str, folder: str
@@ -245,11 +253,21 @@ class Engine:
         return self._pending or (c.plan if c else None)
 
     # -- data
+    def prepare(self, raw: RawBatch | FlowBatch) -> Prepared | None:
+        """The tuples of a raw batch for the plan running now, unpacked by a reading thread
+        ahead of ``process`` (the unpack kernels release the GIL): None when there is nothing
+        to unpack. ``process`` unpacks again if another plan runs by then."""
+        c = self._c
+        if c is None or not c.folders or isinstance(raw, FlowBatch):
+            return None
+        return Prepared(c.fields, unpack(raw, c.fields))
+
     def process(self, raw: RawBatch | FlowBatch, source: str = "",
-                position: dict | None = None) -> int:
+                position: dict | None = None, prepared: Prepared | None = None) -> int:
         """Unpack, prefilter and spool one batch; return the tuples kept. Flow records arrive
         decoded (a FlowBatch from the NetFlow/IPFIX decoder). ``position``: where the source
-        is once this batch is read (a durable source commits it)."""
+        is once this batch is read (a durable source commits it); ``prepared``: its tuples,
+        unpacked ahead (``prepare``)."""
         if self.checkpoint is not None and self.spool_policy == "block" and \
                 not self.spool.has_room():
             # a durable source waits between batches, after a commit: its held files become
@@ -257,7 +275,7 @@ class Engine:
             self.commit(force=True)
             self.spool.wait_for_room(self._stop, self._waiting)
         with self._data:
-            kept = self._process(raw, source)
+            kept = self._process(raw, source, prepared)
             if self.checkpoint is not None:
                 self.position, self._dirty = position, True
                 self._commit()
@@ -288,7 +306,8 @@ class Engine:
         self._held, self._dirty = [], False
         self._committed_at = time.monotonic()
 
-    def _process(self, raw: RawBatch | FlowBatch, source: str = "") -> int:
+    def _process(self, raw: RawBatch | FlowBatch, source: str = "",
+                 prepared: Prepared | None = None) -> int:
         if isinstance(raw, FlowBatch):
             return self.process_flows(raw, source)
         c = self._current()
@@ -302,7 +321,8 @@ class Engine:
         if c is None or not c.folders:
             self.metrics.prefilter_dropped.labels(self.stream).inc(len(raw))
             return 0
-        tb = unpack(raw, c.fields)
+        ready = prepared is not None and prepared.fields == c.fields
+        tb = prepared.tuples if ready else unpack(raw, c.fields)
         return self.process_tuples(c, tb)
 
     def process_flows(self, fb: FlowBatch, source: str = "") -> int:

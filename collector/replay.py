@@ -49,6 +49,46 @@ def _inputs(capture, stream: str, batch_size: int, flow_ports, decoder: Decoder 
     return capture_flows(capture, flow_ports, decoder or Decoder())
 
 
+def ahead(items: Iterable, prepare: Callable, depth: int = 2):
+    """``(item, prepare(item))`` of ``items``, read and prepared on a thread of their own up to
+    ``depth`` items ahead of the consumer: a capture's next batches are read and unpacked
+    (numba, without the GIL) on the second core while the engine prefilters and aggregates
+    this one. The reader's exception comes out in its place; a consumer that stops early
+    stops the reader."""
+    import queue
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    end = object()
+
+    def put(x) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(x, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for item in items:
+                if not put((item, prepare(item))):
+                    return
+            put(end)
+        except BaseException as e:  # noqa: BLE001 - raised again in the consumer
+            put(e)
+    t = threading.Thread(target=read, name="replay-reader", daemon=True)
+    t.start()
+    try:
+        while (x := q.get()) is not end:
+            if isinstance(x, BaseException):
+                raise x
+            yield x
+    finally:
+        stop.set()
+        t.join()
+
+
 def measured_plan(capture, queries: list[Query], plan: Plan, spool: Spool, settings: Settings,
                   flow_ports: Iterable[int] = DEFAULT_FLOW_PORTS) -> Plan:
     """The plan rebuilt on what the first ``planner.measure_tuples`` tuples of each stream
@@ -114,8 +154,9 @@ def _read_range(k: int, capture, byte_range: tuple[int, int], plan: Plan, settin
         engine = _new_engine(spool, "packets", metrics, settings, plan)
         error = None
         try:
-            for batch in open_capture(capture, settings.batch_size, byte_range=byte_range):
-                engine.process(batch, "replay")
+            batches = open_capture(capture, settings.batch_size, byte_range=byte_range)
+            for batch, tuples in ahead(batches, engine.prepare):
+                engine.process(batch, "replay", prepared=tuples)
                 done[k] += len(batch)
         except DecodeError as e:
             error = {"reason": e.reason, "kind": e.kind, "offset": e.offset, "layer": e.layer,
@@ -233,8 +274,9 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
             done = 0
             if stream == "flows":
                 decoder = decoder or Decoder()
-            for batch in _inputs(capture, stream, batch_size, flow_ports, decoder):
-                engine.process(batch, "replay")
+            batches = _inputs(capture, stream, batch_size, flow_ports, decoder)
+            for batch, tuples in ahead(batches, engine.prepare):
+                engine.process(batch, "replay", prepared=tuples)
                 done += len(batch)
                 report(f"reading {stream}", done)
             if stream == "flows":

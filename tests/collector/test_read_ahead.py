@@ -1,0 +1,107 @@
+"""``replay`` reads and unpacks a capture's next batches on a thread of its own while the engine
+runs the current one (collector.replay.ahead, Engine.prepare): the same batches in the same
+order, a decode error where the file has it, a reader that stops with its consumer, and tuples
+unpacked for a plan that no longer runs unpacked again."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from capture.errors import DecodeError
+from capture.pcap import open_capture
+from capture.unpack import unpack
+from collector.engine import Engine
+from collector.metrics import Metrics
+from collector.replay import ahead
+from collector.spool import Spool
+from planner.plan import build_plan
+from planner.query import parse_queries
+from tests.conftest import capture
+
+
+def _batches(path, size=7):
+    return list(open_capture(path, size))
+
+
+def test_batches_come_in_order_with_what_the_reader_made_of_them():
+    path = capture("wikipedia.pcap")
+    want = _batches(path)
+    got = list(ahead(open_capture(path, 7), lambda raw: unpack(raw, ["src_ip", "dst_port"])))
+    assert len(got) == len(want) > 3
+    for (raw, tb), ref in zip(got, want, strict=True):
+        assert np.array_equal(raw.ts_ns, ref.ts_ns) and np.array_equal(raw.offset, ref.offset)
+        inline = unpack(ref, ["src_ip", "dst_port"])
+        assert np.array_equal(tb.ints, inline.ints)
+        assert np.array_equal(tb.ips["src_ip"], inline.ips["src_ip"])
+
+
+def test_a_decode_error_comes_after_the_batches_before_it(tmp_path):
+    """A capture cut inside a record: the batches before the cut, then the reader's error."""
+    data = capture("wikipedia.pcap").read_bytes()
+    cut = tmp_path / "cut.pcap"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    with pytest.raises(DecodeError) as inline:
+        want = []
+        for raw in open_capture(cut, 7):
+            want.append(raw.ts_ns.copy())
+    got = []
+    with pytest.raises(DecodeError) as read_ahead:
+        for raw, _ in ahead(open_capture(cut, 7), lambda raw: None):
+            got.append(raw.ts_ns.copy())
+    assert len(got) == len(want) > 3
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    assert str(read_ahead.value) == str(inline.value)
+    assert "truncated record data" in str(read_ahead.value)
+
+
+def test_a_consumer_that_stops_stops_the_reader():
+    before = {t.ident for t in threading.enumerate()}
+    items = ahead(itertools.count(), lambda x: x * x, depth=2)
+    assert [next(items) for _ in range(3)] == [(0, 0), (1, 1), (2, 4)]
+    items.close()  # the reader is blocked on a full queue: it must notice and end
+    assert {t.ident for t in threading.enumerate()} == before
+
+
+QUERIES = """
+-- name: by_proto
+SELECT time/60 AS t, protocol, count(*) AS n, sum(wirelen) AS b FROM packets
+GROUP BY time/60, protocol;
+"""
+OTHER = """
+-- name: by_src
+SELECT time/60 AS t, src_ip, dst_port, count(*) AS n FROM packets WHERE protocol = 6
+GROUP BY time/60, src_ip, dst_port;
+"""
+
+
+def _spooled(root) -> list[dict]:
+    rows = []
+    for f in sorted(root.rglob("*.parquet")):
+        rows += pq.read_table(f).to_pylist()
+    return sorted(rows, key=repr)
+
+
+def test_tuples_unpacked_for_another_plan_are_unpacked_again(tmp_path):
+    """A plan taken between ``prepare`` and ``process`` (a rebuild) needs fields the reader did
+    not unpack: the engine unpacks the batch again, and spools what the inline path spools."""
+    path = capture("wikipedia.pcap")
+    first, then = build_plan(parse_queries(QUERIES)), build_plan(parse_queries(OTHER))
+    assert set(first.unpacking("packets").fields) != set(then.unpacking("packets").fields)
+    out = {}
+    for how in ("ahead", "inline"):
+        e = Engine(Spool(tmp_path / how), "packets", Metrics(), watermark_delay_s=0)
+        e.set_plan(first)
+        e.process(_batches(path, 50)[0])  # the first plan runs
+        for raw in _batches(path, 50)[1:]:
+            prepared = e.prepare(raw) if how == "ahead" else None
+            e.set_plan(then)
+            e.process(raw, prepared=prepared)
+        e.finish()
+        out[how] = _spooled(tmp_path / how)
+    assert out["ahead"] and out["ahead"] == out["inline"]
+    assert any(r["node"].startswith("dst_port,src_ip") and r["cnt"] for r in out["ahead"])
