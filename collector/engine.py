@@ -141,6 +141,7 @@ class Engine:
         # the batch path and the collector's flusher thread both touch the LFTA tables
         self._data = threading.RLock()
         self._pending: Plan | None = None
+        self._unpacking: tuple = (None, ())  # (plan, its fields) of the last prepare
         self._c: _Compiled | None = None
         self.max_time: int | None = None
         self.tuples_in = 0
@@ -257,10 +258,19 @@ class Engine:
         """The tuples of a raw batch for the plan running now, unpacked by a reading thread
         ahead of ``process`` (the unpack kernels release the GIL): None when there is nothing
         to unpack. ``process`` unpacks again if another plan runs by then."""
-        c = self._c
-        if c is None or not c.folders or isinstance(raw, FlowBatch):
+        if isinstance(raw, FlowBatch):
             return None
-        return Prepared(c.fields, unpack(raw, c.fields))
+        with self._lock:
+            plan = self._pending  # set, not yet taken: the next batch takes it
+        if plan is None:
+            c = self._c
+            if c is None or not c.folders:
+                return None
+            plan = c.plan
+        if self._unpacking[0] is not plan:
+            self._unpacking = (plan, plan.unpacking(self.stream).fields)
+        want = self._unpacking[1]
+        return Prepared(want, unpack(raw, want))
 
     def process(self, raw: RawBatch | FlowBatch, source: str = "",
                 position: dict | None = None, prepared: Prepared | None = None) -> int:

@@ -105,3 +105,25 @@ def test_tuples_unpacked_for_another_plan_are_unpacked_again(tmp_path):
         out[how] = _spooled(tmp_path / how)
     assert out["ahead"] and out["ahead"] == out["inline"]
     assert any(r["node"].startswith("dst_port,src_ip") and r["cnt"] for r in out["ahead"])
+
+
+def test_the_reader_unpacks_for_a_plan_set_but_not_yet_taken(tmp_path, monkeypatch):
+    """``replay``'s reader prepares the first batches before the engine has processed one (its
+    plan is set, not yet taken): they are unpacked for that plan, and used."""
+    path = capture("wikipedia.pcap")
+    plan = build_plan(parse_queries(OTHER))
+    e = Engine(Spool(tmp_path / "s"), "packets", Metrics(), watermark_delay_s=0)
+    assert e.prepare(_batches(path)[0]) is None  # no plan yet: nothing to unpack for
+    e.set_plan(plan)
+    prepared = [e.prepare(raw) for raw in _batches(path)]
+    assert all(p is not None and p.fields == plan.unpacking("packets").fields for p in prepared)
+    used = []
+    real = Engine.process_tuples
+
+    def spy(self, c, tb):
+        used.append(tb)
+        return real(self, c, tb)
+    monkeypatch.setattr(Engine, "process_tuples", spy)
+    for raw, p in zip(_batches(path), prepared, strict=True):
+        e.process(raw, prepared=p)
+    assert [id(t) for t in used] == [id(p.tuples) for p in prepared]
