@@ -58,8 +58,11 @@ def jvm_options(class_archive: str | os.PathLike | None, quick_start: bool) -> l
         archive = Path(class_archive)
         archive.parent.mkdir(parents=True, exist_ok=True)
         _promote(archive)
+        _forget_others(archive)
         opts.append("-Xlog:cds=off,cds+dynamic=off")
         if archive.exists():
+            with contextlib.suppress(OSError):
+                os.utime(archive)  # its last use: another installation's cleanup reads it
             opts.append(f"-XX:SharedArchiveFile={archive}")
         else:
             dump = archive.with_name(f"{archive.name}.dump-{os.getpid()}")
@@ -85,6 +88,31 @@ def _promote(archive: Path) -> None:
             else:
                 path.unlink()  # a dump of a JVM that ran no job, or a marker left over
         except (FileNotFoundError, ValueError):
+            pass
+
+
+FORGET_ARCHIVE_S = 30 * 86400  # another installation's archive unused this long is removed
+FORGET_DUMP_S = 86400  # ... and a dump its JVM left this long ago that it never promoted
+
+
+def _forget_others(archive: Path) -> None:
+    """Class-data files of other pyspark installations sharing the folder (180 MB each):
+    an archive no JVM has used for 30 days (a deleted virtual environment's) and a dump whose
+    JVM is gone for a day without its installation starting again to promote it."""
+    now = time.time()
+    for path in archive.parent.glob("spark-*-job-classes.jsa*"):
+        if path.name.startswith(archive.name):
+            continue  # this installation's: _promote's
+        try:
+            age = now - path.stat().st_mtime
+            if path.name.endswith(".jsa"):
+                stale = age > FORGET_ARCHIVE_S
+            else:
+                pid = int(path.name.removesuffix(".ready").rsplit("-", 1)[1])
+                stale = age > FORGET_DUMP_S and not _alive(pid)
+            if stale:
+                path.unlink()
+        except (FileNotFoundError, ValueError, IndexError):
             pass
 
 

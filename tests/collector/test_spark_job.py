@@ -259,6 +259,45 @@ def test_class_archive_kept_only_from_a_jvm_that_ran_a_job(tmp_path, monkeypatch
     assert not list(tmp_path.glob("*.ready"))
 
 
+def test_other_installations_class_files_are_removed_once_stale(tmp_path, monkeypatch):
+    """Each installation's archive and dumps are 180 MB in a shared cache folder: another
+    installation's archive unused for 30 days goes (a deleted virtual environment's), and so
+    does a dump whose JVM left it a day ago and never had it promoted; a recent one, a live
+    JVM's and this installation's own stay, and a JVM's use keeps its archive fresh."""
+    import subprocess
+    import sys
+
+    from collector.spark import job
+    monkeypatch.setattr(job, "_dump_ready", None)
+    dead, later = (int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                                      capture_output=True, text=True, check=True).stdout)
+                   for _ in range(2))
+    live = os.getpid()
+    mine = job.class_archive_path(tmp_path)
+    mine.write_bytes(b"mine")
+    day = 86400
+
+    def file(name: str, age_days: float):
+        path = tmp_path / name
+        path.write_bytes(b"classes")
+        os.utime(path, (time.time() - age_days * day,) * 2)
+        return path
+    os.utime(mine, (time.time() - 40 * day,) * 2)
+    other = "spark-4.3.0-0123456789-job-classes.jsa"
+    unused = file(other, 31)
+    used = file("spark-4.2.0-abcdef0123-job-classes.jsa", 29)
+    left = [file(f"{other}.dump-{dead}", 2), file(f"{other}.dump-{dead}.ready", 2)]
+    fresh = [file(f"{other}.dump-{later}", 0.5), file(f"{other}.dump-{later}.ready", 0.5)]
+    running = file(f"{used.name}.dump-{live}", 3)
+    foreign = file("notes.txt", 365)
+    opts = job.jvm_options(mine, quick_start=True)
+    assert f"-XX:SharedArchiveFile={mine}" in opts
+    assert not unused.exists() and used.exists()
+    assert not any(p.exists() for p in left) and all(p.exists() for p in fresh)
+    assert running.exists() and foreign.exists()
+    assert time.time() - mine.stat().st_mtime < 60 and mine.read_bytes() == b"mine"
+
+
 def test_each_pyspark_installation_keeps_its_own_archive(tmp_path, monkeypatch):
     """The JVM ignores an archive dumped with another class path: two installations sharing a
     cache folder (two virtual environments) must not share one name."""
