@@ -7,6 +7,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from contextlib import closing
 from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 
@@ -155,9 +156,10 @@ def _read_range(k: int, capture, byte_range: tuple[int, int], plan: Plan, settin
         error = None
         try:
             batches = open_capture(capture, settings.batch_size, byte_range=byte_range)
-            for batch, tuples in ahead(batches, engine.prepare):
-                engine.process(batch, "replay", prepared=tuples)
-                done[k] += len(batch)
+            with closing(ahead(batches, engine.prepare)) as read:
+                for batch, tuples in read:
+                    engine.process(batch, "replay", prepared=tuples)
+                    done[k] += len(batch)
         except DecodeError as e:
             error = {"reason": e.reason, "kind": e.kind, "offset": e.offset, "layer": e.layer,
                      "source": e.source}
@@ -275,10 +277,11 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
             if stream == "flows":
                 decoder = decoder or Decoder()
             batches = _inputs(capture, stream, batch_size, flow_ports, decoder)
-            for batch, tuples in ahead(batches, engine.prepare):
-                engine.process(batch, "replay", prepared=tuples)
-                done += len(batch)
-                report(f"reading {stream}", done)
+            with closing(ahead(batches, engine.prepare)) as read:  # the reader stops with us
+                for batch, tuples in read:
+                    engine.process(batch, "replay", prepared=tuples)
+                    done += len(batch)
+                    report(f"reading {stream}", done)
             if stream == "flows":
                 for reason, n in decoder.errors.items():
                     metrics.decode_errors.labels("replay", reason).inc(n)

@@ -127,3 +127,25 @@ def test_the_reader_unpacks_for_a_plan_set_but_not_yet_taken(tmp_path, monkeypat
     for raw, p in zip(_batches(path), prepared, strict=True):
         e.process(raw, prepared=p)
     assert [id(t) for t in used] == [id(p.tuples) for p in prepared]
+
+
+def test_an_engine_that_fails_leaves_no_reader_behind(tmp_path, monkeypatch):
+    """``replay``'s engine raising mid-capture: the error comes out of ``replay`` and the
+    reading thread is gone with it (not left holding batches until the traceback is freed)."""
+    from collector.config import Settings
+    from collector.replay import replay
+
+    calls = []
+
+    def failing(self, raw, source="", position=None, prepared=None):
+        calls.append(len(raw))
+        if len(calls) == 3:
+            raise RuntimeError("the engine broke")
+    monkeypatch.setattr(Engine, "process", failing)
+    settings = Settings(initial_queries=None, batch_size=16, planner={"measure_tuples": 0},
+                        spool={"format": "arrow"}, replay_workers=1)
+    with pytest.raises(RuntimeError, match="the engine broke"):
+        replay(capture("wikipedia.pcap"), parse_queries(QUERIES), tmp_path, None,
+               settings=settings)
+    assert len(calls) == 3
+    assert not [t for t in threading.enumerate() if t.name == "replay-reader"]
