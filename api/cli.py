@@ -191,8 +191,7 @@ def api_socket(host: str, port: int) -> socket.socket:
         s.close()
         raise CliError(f"api: cannot listen on {host}:{port}: {e.strerror} (set api.port "
                        "in the config or FLOWSIEVE_API__PORT)") from e
-    s.set_inheritable(False)
-    return s
+    return s  # not inherited by Spark's processes (PEP 446)
 
 
 def _settings(path: str | None):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future

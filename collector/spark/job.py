@@ -79,7 +79,7 @@ def _promote(archive: Path) -> None:
     for path in paths:
         dump = path.with_name(path.name.removesuffix(".ready"))
         try:
-            pid = int(dump.name.rsplit("-", 1)[1])
+            pid = _dump_pid(path)
             if _alive(pid) or now - path.stat().st_mtime <= 10:
                 continue
             ready = dump.with_name(dump.name + ".ready")
@@ -95,6 +95,11 @@ FORGET_ARCHIVE_S = 30 * 86400  # another installation's archive unused this long
 FORGET_DUMP_S = 86400  # ... and a dump its JVM left this long ago that it never promoted
 
 
+def _dump_pid(path: Path) -> int:
+    """The process whose JVM wrote a dump ``….jsa.dump-<pid>`` (or its ``.ready`` marker)."""
+    return int(path.name.removesuffix(".ready").rsplit("-", 1)[1])
+
+
 def _forget_others(archive: Path) -> None:
     """Class-data files of other pyspark installations sharing the folder (180 MB each):
     an archive no JVM has used for 30 days (a deleted virtual environment's) and a dump whose
@@ -108,8 +113,7 @@ def _forget_others(archive: Path) -> None:
             if path.name.endswith(".jsa"):
                 stale = age > FORGET_ARCHIVE_S
             else:
-                pid = int(path.name.removesuffix(".ready").rsplit("-", 1)[1])
-                stale = age > FORGET_DUMP_S and not _alive(pid)
+                stale = age > FORGET_DUMP_S and not _alive(_dump_pid(path))
             if stale:
                 path.unlink()
         except (FileNotFoundError, ValueError, IndexError):
