@@ -21,6 +21,14 @@ def median_time(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+def spark_rows(metrics) -> float:
+    """The rows Spark read in a replay: those spooled less those left out before Spark."""
+    def total(counter) -> float:
+        return sum(s.value for m in counter.collect() for s in m.samples
+                   if s.name.endswith("_total"))
+    return total(metrics.spool_rows) - total(metrics.spool_pruned)
+
+
 def write_result(name: str, data: dict) -> Path:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"

@@ -345,6 +345,10 @@ class Settings(BaseSettings):
         "replay, each a byte range with its own engine writing the one spool (0: one per CPU "
         "core but one (Spark's JVM runs its first job meanwhile), at most 4, each range "
         "at least 64 MiB)")
+    replay_prune: bool = Field(
+        True, description="flowsieve replay: before Spark merges a finite capture's partials, "
+        "leave out the rows no answer needs (groups a HAVING or an ORDER BY … LIMIT drops, "
+        "with their joins' partners); the answers are the same")
     sources: list[SourceConfig] = Field(default_factory=lambda: [SourceConfig()])
     initial_queries: str | None = Field(
         default_factory=lambda: data_file("example.sql"),

@@ -83,6 +83,10 @@ class Metrics:
                                    ["stream", "folder"], registry=r)
         self.spool_rows = Counter("flowsieve_spool_rows", "Rows written to the spool",
                                   ["stream", "folder"], registry=r)
+        self.spool_pruned = Counter("flowsieve_spool_rows_pruned",
+                                    "Spool rows of a finite input (replay) left out before "
+                                    "Spark merges them: no query's answer needs them",
+                                    ["stream", "folder"], registry=r)
         self.spool_dropped = Counter("flowsieve_spool_rows_dropped",
                                      "Spool rows (partial aggregates, selected tuples) a live "
                                      "source dropped, by reason (spool_full)",

@@ -6,6 +6,7 @@ import multiprocessing as mp
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from contextlib import closing
@@ -13,6 +14,7 @@ from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from capture.errors import DecodeError
 from capture.netflow import DEFAULT_FLOW_PORTS, Decoder, capture_flows
@@ -21,10 +23,10 @@ from collector import functions, tables
 from collector.config import Settings
 from collector.engine import Engine
 from collector.metrics import Metrics
-from collector.results import read_results
+from collector.results import Resolve, prune_rows, read_results
 from collector.sampling import TupleSampler
 from collector.selectivity import SelectivityMeter
-from collector.spool import Spool
+from collector.spool import SUFFIXES, Spool, list_files
 from planner.plan import Plan, build_plan
 from planner.query import Query
 
@@ -226,6 +228,31 @@ def _warm_up(spark, streams: list[str], only: set[str]) -> threading.Thread:
     return t
 
 
+def read_spool_file(path: Path) -> pa.Table:
+    """A spool file of either format."""
+    if path.suffix == SUFFIXES["parquet"]:
+        return pq.read_table(path)
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_file(source).read_all()
+
+
+def prune_spool(spool: Spool, stream: str, folder: str, resolve: Resolve) -> int:
+    """Rewrite an aggregate folder of a finished input (every writer done, every window
+    closed) without the partial rows no answer needs, each row kept with the query bits of
+    the queries that need it (``results.prune_rows``): Spark then merges one file of the rows
+    that matter. Returns the rows left out."""
+    files = list_files(spool.root / stream / folder)
+    if not files:
+        return 0
+    rows = pa.concat_tables([read_spool_file(f) for f in files])
+    kept = prune_rows(stream, rows, resolve, forced=rows.column("node").to_numpy(
+        zero_copy_only=False) == "")  # punctuation stays
+    spool.write(stream, folder, kept, "force")
+    for f in files:
+        f.unlink()
+    return rows.num_rows - kept.num_rows
+
+
 def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.PathLike,
            spark, *, settings: Settings | None = None, metrics: Metrics | None = None,
            flow_ports: Iterable[int] = DEFAULT_FLOW_PORTS, decoder: Decoder | None = None,
@@ -299,9 +326,19 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
                    {qp.slot: qp.query for qp in plan.queries}.get, watermark_delay_s, metrics,
                    spool_format=settings.spool.format)
     folders = [(s, f) for s in plan.streams() for f in plan.folders(s)]
+    if settings.replay_prune:
+        report("Spark: leaving out what no answer needs", None)
+        t0 = time.perf_counter()
+        resolve = {qp.slot: qp.query for qp in plan.queries}.get
+        for s, f in folders:
+            if f != "select":
+                metrics.spool_pruned.labels(s, f).inc(prune_spool(spool, s, f, resolve))
+        job.timings["prune_s"] = time.perf_counter() - t0
     if settings.spool.format == "parquet":
         job.run_batch(folders, only)
     else:  # the Python data source reads Arrow IPC as a stream
         job.run_available_now(folders)
+    t0 = time.perf_counter()
     answers = [(q, read_results(work / "results", q)) for q in queries]
+    job.timings["read_results_s"] = time.perf_counter() - t0
     return ReplayResult(plan, answers, error, metrics, job.timings, max(len(ranges), 1))

@@ -9,6 +9,7 @@ import operator
 import os
 import shutil
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from collector.spool import TS_US, qmask_words
 from planner.query import Query
 from planner.slots import has_slot, slots_of
 
+ROW, GID = "_row", "_gid"  # a partial row's index; an answer row's group (``needed_rows``)
 CMP = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
        ">": operator.gt, ">=": operator.ge}
 
@@ -101,27 +103,39 @@ Resolve = Callable[[int], Query | None]
 
 def query_partials(stream: str, merged: pa.Table, resolve: Resolve
                    ) -> list[tuple[Query, pa.Table]]:
+    """``slot_partials`` in slot order."""
+    return [qt for _, qt in sorted(slot_partials(stream, merged, resolve).items())]
+
+
+def slot_partials(stream: str, merged: pa.Table, resolve: Resolve
+                  ) -> dict[int, tuple[Query, pa.Table]]:
     """Merged partial rows of a folder (``window_start, node, key, cnt``, measures) as each
-    query's rows: ``window_start``, the query's key columns, ``cnt`` and the measures. A
-    query's rows come from every node whose pattern holds its slot (its node of the aggregate
-    tree, or a node of an earlier plan); ``finalize`` merges them to the query's keys."""
-    meas = [c for c in merged.column_names if c == "cnt" or c[:4] in ("sum_", "min_", "max_")]
+    query's rows by slot: ``window_start``, the query's key columns, ``cnt`` and the measures
+    (and a ``_row`` column, when ``merged`` has one). A query's rows come from every node whose
+    pattern holds its slot (its node of the aggregate tree, or a node of an earlier plan);
+    ``finalize`` merges them to the query's keys."""
     parts: dict[int, list[pa.Table]] = {}
     queries: dict[int, Query | None] = {}
-    # the rows grouped by node with one take, each node's rows a slice of it
-    codes = pc.dictionary_encode(merged.column("node").combine_chunks())
+    columns: dict[str, pa.Array] = {}
+
+    def column(name: str) -> pa.Array:  # each column read is made one chunk once
+        if name not in columns:
+            columns[name] = merged.column(name).combine_chunks()
+        return columns[name]
+    # each node's rows: their positions, grouped by one stable sort of the node labels; only
+    # the key (and sketch) columns are taken per node, a query's measures per query
+    codes = pc.dictionary_encode(column("node"))
     index = codes.indices.to_numpy(zero_copy_only=False)
     order = np.argsort(index, kind="stable")
-    merged = merged.take(pa.array(order))
     bounds = np.searchsorted(index[order], np.arange(len(codes.dictionary) + 1))
     for code, label in enumerate(codes.dictionary.to_pylist()):
         if not label:
             continue  # punctuation
-        rows = merged.slice(bounds[code], bounds[code + 1] - bounds[code])
+        pos = pa.array(order[bounds[code]:bounds[code + 1]])
         layout = KeyLayout.parse(stream, label)
-        cols, pattern = layout.decode(rows.column("key"))
+        cols, pattern = layout.decode(column("key").take(pos))
         if layout.sketch is not None:  # the node's rows carry a sketch of its field
-            cols[layout.sketch] = rows.column("hll")
+            cols[layout.sketch] = column("hll").take(pos)
         for slot in slots_of(np.bitwise_or.reduce(pattern, axis=0)):
             if slot not in queries:
                 queries[slot] = resolve(slot)
@@ -133,12 +147,15 @@ def query_partials(stream: str, merged: pa.Table, resolve: Resolve
                 raise ValueError(f"node {label} cannot answer {q.name}: it does not group by "
                                  f"{', '.join(sorted(missing))}")
             keep = has_slot(pattern, slot)
-            table = pa.table({"window_start": rows.column("window_start"),
-                              **{k: cols[k] for k in q.node_keys},
-                              **{m: rows.column(m) for m in meas}})
-            parts.setdefault(slot, []).append(table if keep.all() else
-                                              table.filter(pa.array(keep)))
-    return [(queries[s], pa.concat_tables(ts)) for s, ts in sorted(parts.items())]
+            at = pa.array(np.flatnonzero(keep)) if not keep.all() else None
+            sel = pos if at is None else pos.take(at)
+            meas = ["cnt", *(f"{a}_{m}" for m in q.measures for a in ("sum", "min", "max")),
+                    *([ROW] if ROW in merged.column_names else [])]
+            parts.setdefault(slot, []).append(pa.table({
+                "window_start": column("window_start").take(sel),
+                **{k: cols[k] if at is None else cols[k].take(at) for k in q.node_keys},
+                **{m: column(m).take(sel) for m in meas}}))
+    return {s: (queries[s], pa.concat_tables(ts)) for s, ts in parts.items()}
 
 
 def selection_parts(rows: pa.Table, resolve: Resolve) -> list[tuple[Query, pa.Table]]:
@@ -152,12 +169,21 @@ def selection_parts(rows: pa.Table, resolve: Resolve) -> list[tuple[Query, pa.Ta
     return out
 
 
-def finalize(query: Query, merged: pa.Table) -> pa.Table:
+def finalize(query: Query, merged: pa.Table, ties: bool = False) -> pa.Table:
     """Turn merged rows of one query (window_start, keys, cnt, sum_/min_/max_) into its
     answer: the query's output columns plus ``window_start``. Rows of a finer node (more keys
-    than the query's, several query-bit patterns) are merged to the query's keys first."""
+    than the query's, several query-bit patterns) are merged to the query's keys first.
+    With a ``_row`` column in ``merged``, the answer has a ``_gid`` column: each row's group,
+    an index into ``merge_to_keys``' ``_row`` lists (``needed_rows``); with ``ties``, LIMIT
+    keeps the rows tied with the last one it keeps."""
+    return answer_of(query, merge_to_keys(query, merged), ties)
+
+
+def answer_of(query: Query, merged: pa.Table, ties: bool = False, printed: bool = True
+              ) -> pa.Table:
+    """``finalize`` of rows merged to the query's keys (``merge_to_keys``); without
+    ``printed``, address keys no ORDER BY reads stay binary (``needed_rows``)."""
     cat = fields(query.stream)
-    merged = merge_to_keys(query, merged)
     cols: dict[str, pa.Array] = {}
     ws = merged.column("window_start").combine_chunks()
     epoch = pc.cast(ws, pa.int64()).to_numpy(zero_copy_only=False) // 1_000_000
@@ -169,7 +195,8 @@ def finalize(query: Query, merged: pa.Table) -> pa.Table:
         elif o.kind == "key":
             col = merged.column(o.field).combine_chunks()
             base, bits = key_field(o.field)
-            cols[o.name] = col if cat[base].kind != IP else \
+            cols[o.name] = col if cat[base].kind != IP or not printed and \
+                o.name not in dict(query.order) else \
                 _ip_strings(col) if bits is None else _prefix_strings(col, bits)
         elif o.func == "count":
             cols[o.name] = pa.array(cnt, pa.int64())
@@ -187,6 +214,8 @@ def finalize(query: Query, merged: pa.Table) -> pa.Table:
                 col = pa.array(v, col.type, mask=(v == I64_MAX) | (v < 0))
             cols[o.name] = col
     cols["window_start"] = ws
+    if ROW in merged.column_names:
+        cols[GID] = pa.array(np.arange(merged.num_rows, dtype=np.int64))
     table = pa.table(cols)
     if query.having and table.num_rows:
         keep = np.ones(table.num_rows, dtype=bool)
@@ -194,7 +223,7 @@ def finalize(query: Query, merged: pa.Table) -> pa.Table:
             v = table.column(cond.column).to_numpy(zero_copy_only=False)
             keep &= CMP[cond.op](v, cond.value)
         table = table.filter(pa.array(keep))
-    return order_rows(query, table)
+    return order_rows(query, table, ties)
 
 
 _ARITH = {exp.Add: pc.add, exp.Sub: pc.subtract, exp.Mul: pc.multiply}
@@ -244,10 +273,11 @@ def _output_type(query: Query, o) -> pa.DataType:
     return pa.int64()
 
 
-def join_answer(query: Query, answers: dict[str, pa.Table]) -> pa.Table:
+def join_answer(query: Query, answers: dict[str, pa.Table], ties: bool = False) -> pa.Table:
     """A joined query's answer from its parts' answers of the same windows (``answers`` by
     part name; a part without rows may be missing): the parts joined per window on the ON
-    keys, the WHERE kept, the SELECT computed, ORDER BY … LIMIT per window."""
+    keys, the WHERE kept, the SELECT computed, ORDER BY … LIMIT per window. Parts' answers
+    with a ``_gid`` column give ``<alias>._gid`` columns (``needed_rows``)."""
     j = query.join
     sides = {}
     for alias in (j.left, j.right):
@@ -258,6 +288,10 @@ def join_answer(query: Query, answers: dict[str, pa.Table]) -> pa.Table:
     if left is None or (right is None and j.how == "inner"):
         return pa.table({**{n: pa.array([], pa.int64()) for n in names},
                          "window_start": pa.array([], TS_US)})
+    if right is None and GID in left.column_names:
+        right_gid = {f"{j.right}.{GID}": pa.nulls(left.num_rows, pa.int64())}
+    else:
+        right_gid = {}
     left = left.rename_columns([f"{j.left}.{c}" for c in left.column_names])
     lkeys = [f"{j.left}.window_start"] + [f"{j.left}.{a}" for a, _ in j.on]
     if right is None:  # LEFT JOIN a window the right part has no row of: NULLs
@@ -266,6 +300,8 @@ def join_answer(query: Query, answers: dict[str, pa.Table]) -> pa.Table:
         for o in part.outputs:
             joined = joined.append_column(f"{j.right}.{o.name}",
                                           pa.nulls(left.num_rows, _output_type(part, o)))
+        for name, col in right_gid.items():
+            joined = joined.append_column(name, col)
     else:
         right = right.rename_columns([f"{j.right}.{c}" for c in right.column_names])
         rkeys = [f"{j.right}.window_start"] + [f"{j.right}.{b}" for _, b in j.on]
@@ -280,7 +316,10 @@ def join_answer(query: Query, answers: dict[str, pa.Table]) -> pa.Table:
         cols[name] = v if not isinstance(v, pa.Scalar) else pa.array([v.as_py()] *
                                                                      joined.num_rows)
     cols["window_start"] = joined.column(f"{j.left}.window_start")
-    return order_rows(query, pa.table(cols))
+    for alias in (j.left, j.right):
+        if f"{alias}.{GID}" in joined.column_names:
+            cols[f"{alias}.{GID}"] = joined.column(f"{alias}.{GID}")
+    return order_rows(query, pa.table(cols), ties)
 
 
 def merge_to_keys(query: Query, rows: pa.Table) -> pa.Table:
@@ -302,8 +341,10 @@ def merge_to_keys(query: Query, rows: pa.Table) -> pa.Table:
     # group
     sketches = [SKETCH + f for f in query.approx]
     aggs += [(s, "list") for s in sketches]
-    out = rows.select(keys + cols + [f for f in query.distinct if f not in keys] + sketches) \
-        .group_by(keys, use_threads=False).aggregate(aggs)
+    carry = [ROW] if ROW in rows.column_names else []  # each group's rows (``needed_rows``)
+    aggs += [(c, "list") for c in carry]
+    out = rows.select(keys + cols + [f for f in query.distinct if f not in keys] + sketches
+                      + carry).group_by(keys, use_threads=False).aggregate(aggs)
     names = {f"{c}_{f}": c for c, f in aggs}
     names.update({f"{f}_count_distinct": f"distinct_{f}" for f in query.distinct})
     out = out.rename_columns([names.get(c, c) for c in out.column_names])
@@ -312,6 +353,141 @@ def merge_to_keys(query: Query, rows: pa.Table) -> pa.Table:
                                 pa.array(estimates(out.column(s).to_pylist()),
                                          pa.int64()))
     return out
+
+
+def answers_of(stream: str, folder: str, rows: pa.Table, resolve: Resolve
+               ) -> list[tuple[Query, pa.Table]]:
+    """Every query's answer of a folder's merged rows (vectorised): a selection's tuples, an
+    aggregate query's finalized groups, a joined query's parts joined."""
+    if folder == "select":
+        return [(q, project_selection(q, part)) for q, part in selection_parts(rows, resolve)]
+    answers = []
+    joined: dict[str, tuple[Query, dict[str, pa.Table]]] = {}
+    for q, part in query_partials(stream, rows, resolve):
+        answer = finalize(q, part)
+        if q.parent is not None:  # a WITH part: its answer goes into the join
+            joined.setdefault(q.parent.name, (q.parent, {}))[1][q.name] = answer
+        else:
+            answers.append((q, answer))
+    # a join's parts have the same period, so their windows close in the same batch
+    return answers + [(jq, join_answer(jq, got)) for jq, got in joined.values()]
+
+
+def needed_rows(stream: str, rows: pa.Table, resolve: Resolve,
+                forced: np.ndarray | None = None) -> dict[int, np.ndarray]:
+    """Per query slot, the partial rows of closed windows its answer needs, when ``rows`` are
+    all the rows of their windows (every writer done; ``forced``: rows that reach Spark
+    whatever this says, as they are). A row kept carries only the slots that need it
+    (``prune_rows``), so a slot's rows are always whole groups of its query and each group
+    Spark sees has its exact value. A slot needs: every row of a query without HAVING or
+    LIMIT; the groups of its answer (with the groups tied with its LIMIT's last) or of its
+    join's answer; the groups of a part with a LIMIT in its own answer; the groups of a
+    forced row; and in a LEFT JOIN, the right part's groups that meet a left group Spark sees
+    (or Spark would join it to NULL). Spark's answer of the rows kept is then the answer of
+    all of them: a HAVING keeps the same groups, a LIMIT ranks a set of groups holding the
+    answer's, a join meets the same partners."""
+    n = rows.num_rows
+    forced = np.zeros(n, bool) if forced is None else forced
+    by_slot = slot_partials(stream, rows.append_column(ROW, pa.array(np.arange(n))), resolve)
+    groups: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}  # slot -> rows, groups, count
+    need: dict[int, np.ndarray] = {}
+    answers: dict[str, pa.Table] = {}
+    slot_of = {q.name: s for s, (q, _) in by_slot.items()}
+
+    def take(slot: int, sel: np.ndarray) -> None:
+        """Every row of the slot's selected groups."""
+        idx, gid, _ = groups[slot]
+        need[slot][idx[sel[gid]]] = True
+
+    def take_groups(name: str, gids) -> None:
+        if name not in slot_of:
+            return
+        slot = slot_of[name]
+        sel = np.zeros(groups[slot][2], bool)
+        sel[pc.drop_null(gids).to_numpy(zero_copy_only=False)] = True
+        take(slot, sel)
+
+    def present(slot: int) -> np.ndarray:
+        """The slot's groups that Spark sees."""
+        idx, gid, count = groups[slot]
+        sel = np.zeros(count, bool)
+        sel[gid[need[slot][idx]]] = True
+        return sel
+
+    joins: dict[str, Query] = {}
+    for slot, (q, part) in by_slot.items():
+        need[slot] = np.zeros(n, bool)
+        if q.parent is None and not q.having and q.limit is None:
+            need[slot][part.column(ROW).to_numpy()] = True  # every group
+            continue
+        m = merge_to_keys(q, part)
+        lists = m.column(ROW).combine_chunks()
+        idx = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
+        groups[slot] = (idx, np.repeat(np.arange(len(lists)), pc.list_value_length(lists)
+                                       .to_numpy(zero_copy_only=False)), len(lists))
+        need[slot][idx[forced[idx]]] = True
+        take(slot, present(slot))  # a forced row's group, whole
+        if q.parent is not None:
+            joins[q.parent.name] = q.parent
+            answers[q.name] = a = answer_of(q, m, ties=True)
+            if q.limit is not None:
+                take_groups(q.name, a.column(GID))
+        else:
+            take_groups(q.name, answer_of(q, m, ties=True, printed=False).column(GID))
+    for jq in joins.values():
+        j = jq.join
+        got = {p.name: answers[p.name] for p in j.parts if p.name in answers}
+        out = join_answer(jq, got, ties=True)
+        for alias in (j.left, j.right):
+            if f"{alias}.{GID}" in out.column_names:
+                take_groups(j.part(alias).name, out.column(f"{alias}.{GID}"))
+        left, right = j.part(j.left).name, j.part(j.right).name
+        if j.how == "left" and left in got and right in got:
+            every = replace(jq, join=replace(j, where=None), order=(), limit=None)
+            pairs = join_answer(every, got)
+            lg = pairs.column(f"{j.left}.{GID}").to_numpy(zero_copy_only=False)
+            rg = pc.fill_null(pairs.column(f"{j.right}.{GID}"), -1).to_numpy(
+                zero_copy_only=False)
+            sel = np.zeros(groups[slot_of[right]][2], bool)
+            sel[rg[present(slot_of[left])[lg] & (rg >= 0)]] = True
+            take(slot_of[right], sel)
+    return need
+
+
+def prune_rows(stream: str, rows: pa.Table, resolve: Resolve,
+               forced: np.ndarray | None = None) -> pa.Table:
+    """The rows ``needed_rows`` keeps, each with the query bits of the slots that need it
+    (a ``forced`` row as it is)."""
+    n = rows.num_rows
+    forced = np.zeros(n, bool) if forced is None else forced
+    need = needed_rows(stream, rows, resolve, forced)
+    keep = forced.copy()
+    for m in need.values():
+        keep |= m
+    labels = rows.column("node").combine_chunks()
+    keys = rows.column("key").combine_chunks()
+    off, data = binary_buffers(keys)
+    data = data.copy()
+    codes = pc.dictionary_encode(labels)
+    index = codes.indices.to_numpy(zero_copy_only=False)
+    for code, label in enumerate(codes.dictionary.to_pylist()):
+        if not label:
+            continue  # punctuation
+        layout = KeyLayout.parse(stream, label)
+        q_words = layout.words - layout.field_words
+        at = np.flatnonzero((index == code) & keep & ~forced)
+        pattern = np.zeros((len(at), q_words), np.uint64)
+        for slot, m in need.items():
+            if slot // 64 < q_words:
+                pattern[m[at], slot // 64] |= np.uint64(1) << np.uint64(slot % 64)
+        start = off[at] + 8 * layout.field_words
+        data[(start[:, None] + np.arange(8 * q_words)).reshape(-1)] = \
+            pattern.astype("<u8").view(np.uint8).reshape(-1)
+    key = pa.Array.from_buffers(pa.binary(), n, [*keys.buffers()[:2], pa.py_buffer(data)],
+                                offset=keys.offset)
+    names = rows.column_names
+    out = rows.set_column(names.index("key"), "key", key)
+    return out.filter(pa.array(keep))
 
 
 def estimates(groups: list[list[bytes | None]], lg_max_k: int = 21) -> list[int]:
@@ -328,8 +504,10 @@ def estimates(groups: list[list[bytes | None]], lg_max_k: int = 21) -> list[int]
     return out
 
 
-def order_rows(query: Query, table: pa.Table) -> pa.Table:
-    """Sort by window, then ORDER BY (or the key columns); LIMIT n per window."""
+def order_rows(query: Query, table: pa.Table, ties: bool = False) -> pa.Table:
+    """Sort by window, then ORDER BY (or the key columns); LIMIT n per window (and, with
+    ``ties``, the rows whose ORDER BY values equal the last kept row's: an answer's rows
+    are those whatever the order of its input)."""
     if not table.num_rows:
         return table
     if query.order:
@@ -342,8 +520,22 @@ def order_rows(query: Query, table: pa.Table) -> pa.Table:
         ws = pc.cast(table.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)
         # rank within each window's run of rows (sorted by window first)
         starts = np.flatnonzero(np.r_[True, ws[1:] != ws[:-1]])
-        rank = np.arange(len(ws)) - np.repeat(starts, np.diff(np.r_[starts, len(ws)]))
-        table = table.filter(pa.array(rank < query.limit))
+        first = np.repeat(starts, np.diff(np.r_[starts, len(ws)]))
+        rank = np.arange(len(ws)) - first
+        keep = rank < query.limit
+        if ties and query.order:
+            # each row past the LIMIT against its window's last kept row (NULLs tie)
+            at = np.flatnonzero(rank >= query.limit)
+            if len(at):
+                same = np.ones(len(at), bool)
+                for c, _ in query.order:
+                    col = table.column(c)
+                    x, y = col.take(pa.array(at)), col.take(pa.array(first[at] + query.limit - 1))
+                    eq = pc.fill_null(pc.equal(x, y), False)
+                    same &= pc.or_(eq, pc.and_(pc.is_null(x), pc.is_null(y))).to_numpy(
+                        zero_copy_only=False)
+                keep[at[same]] = True
+        table = table.filter(pa.array(keep))
     return table
 
 

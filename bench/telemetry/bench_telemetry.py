@@ -12,6 +12,7 @@ difference). Both modes' answers must equal the pandas truth of ``attacks.py``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import subprocess
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_spark import TreeRss, raw_parquet, start_spark  # noqa: E402
-from bench.common import CACHE, write_result  # noqa: E402
+from bench.common import CACHE, spark_rows, write_result  # noqa: E402
 from bench.telemetry.attacks import COLUMNS, capture, frame, truth  # noqa: E402
 
 APPS = Path(__file__).with_name("apps.sql")
@@ -197,8 +198,7 @@ def run_one(mode: str, n: int, out: Path) -> None:
             answers[q.name] = sorted(([r[k] for k in keys] + [r[v] for v in values]
                                       for r in rows_of(q, t)), key=repr)
         stages.update({f"spark_{k}": v for k, v in res.timings.items()})
-        rows_in = sum(s.value for m in metrics.spool_rows.collect() for s in m.samples
-                      if s.name.endswith("_total"))
+        rows_in = spark_rows(metrics)
     wall = time.perf_counter() - t1
     spark.stop()
     out.write_text(json.dumps({
@@ -234,7 +234,10 @@ def main() -> int:
     want = {app: sorted(([*k, *v] for k, v in rows.items()), key=repr)
             for app, rows in right.items()}
     want = json.loads(json.dumps(want, default=lambda x: x.item()))
-    print(f"== {len(p['ts_us']):,} packets, {len(want)} applications", flush=True)
+    packets = len(p["ts_us"])
+    print(f"== {packets:,} packets, {len(want)} applications", flush=True)
+    del p, right  # the runs' parent holds no trace (bench_spark.py: it slows them)
+    gc.collect()
     runs: dict[str, list] = {"full": [], "naive": []}
     wrong = []
     for _ in range(repeat):
@@ -264,7 +267,7 @@ def main() -> int:
         med["ratio"] = med["full"]["pps"] / med["naive"]["pps"]
         print(f"== flowsieve / naive PySpark: {med['ratio']:.1f}x (target >= 20x)", flush=True)
     if not args.quick:
-        write_result("telemetry", {"packets": len(p["ts_us"]), "runs": runs, "median": med})
+        write_result("telemetry", {"packets": packets, "runs": runs, "median": med})
     return 1 if wrong else 0
 
 

@@ -23,14 +23,7 @@ from pyspark.sql import functions as F
 
 from capture.fields import measures
 from collector.metrics import Metrics
-from collector.results import (
-    finalize,
-    join_answer,
-    project_selection,
-    query_partials,
-    selection_parts,
-    write_results,
-)
+from collector.results import answers_of, write_results
 from collector.spark.source import SpoolDataSource
 from collector.spool import schema_for, spark_ddl
 from planner.query import Query
@@ -311,22 +304,8 @@ class SparkJob:
 
     def write_answers(self, stream: str, folder: str, table: pa.Table, batch_id: int) -> None:
         """Derive each query's answer from a batch of merged rows (vectorised) and write it."""
-        if folder == "select":
-            parts = selection_parts(table, self._resolver(stream, folder))
-        else:
-            parts = query_partials(stream, table, self._resolver(stream, folder))
         now = time.time()
-        answers = []
-        joined: dict[str, tuple[Query, dict[str, pa.Table]]] = {}
-        for q, part in parts:
-            answer = project_selection(q, part) if q.is_selection else finalize(q, part)
-            if q.parent is not None:  # a WITH part: its answer goes into the join
-                joined.setdefault(q.parent.name, (q.parent, {}))[1][q.name] = answer
-            else:
-                answers.append((q, answer))
-        # a join's parts have the same period, so their windows close in the same batch
-        answers += [(jq, join_answer(jq, got)) for jq, got in joined.values()]
-        for q, answer in answers:
+        for q, answer in answers_of(stream, folder, table, self._resolver(stream, folder)):
             self.metrics.result_rows.labels(q.name).inc(answer.num_rows)
             if q.period is None or "window_start" not in answer.column_names:
                 write_results(self.results_root, q.name, f"{stream}-{folder}-{batch_id:010d}",

@@ -1,0 +1,175 @@
+"""Leaving out what no answer needs (``results.needed_rows``, ``replay``'s ``prune_spool``): the
+answers of the rows kept are the answers of all of them, whatever rows were spooled before
+(``forced``); a query without HAVING or LIMIT keeps every row; a LIMIT keeps its ties; a LEFT
+JOIN keeps the partners of the left groups Spark sees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from capture.pcap import open_capture
+from collector.config import Settings
+from collector.engine import Engine
+from collector.keys import KeyLayout
+from collector.metrics import Metrics
+from collector.replay import read_spool_file, replay
+from collector.results import answers_of, needed_rows, prune_rows, query_partials, rows_of
+from collector.spool import Spool, list_files
+from planner.plan import build_plan
+from planner.query import parse_queries
+from planner.slots import has_slot
+from tests.conftest import capture
+
+QUERIES = """
+-- name: top_dst
+SELECT time/10 AS t, dst_ip, count(*) AS n, sum(wirelen) AS bytes FROM packets
+WHERE protocol = 6 GROUP BY time/10, dst_ip ORDER BY n DESC LIMIT 2;
+-- name: busy_dst
+SELECT time/10 AS t, dst_ip, count(*) AS n FROM packets WHERE dst_port < 1024
+GROUP BY time/10, dst_ip HAVING count(*) >= 20;
+-- name: fanout
+SELECT time/10 AS t, src_ip, count(DISTINCT dst_port) AS ports FROM packets
+WHERE protocol = 6 OR protocol = 17 GROUP BY time/10, src_ip HAVING count(DISTINCT dst_port) > 3;
+-- name: quiet_src
+SELECT time/10 AS t, src_ip, count(*) AS n, avg(wirelen) AS mean FROM packets
+WHERE protocol = 6 GROUP BY time/10, src_ip HAVING avg(wirelen) < 200 ORDER BY n LIMIT 2;
+-- name: by_proto
+SELECT time/10 AS t, protocol, count(*) AS n FROM packets GROUP BY time/10, protocol;
+-- name: one_port
+SELECT time/10 AS t, dst_port, count(*) AS n FROM packets WHERE protocol = 17
+GROUP BY time/10, dst_port ORDER BY n DESC LIMIT 1;
+-- name: half_open
+WITH syn AS (SELECT time/10 AS t, dst_ip, count(*) AS n FROM packets
+             WHERE (tcp_flags & 18) = 2 GROUP BY time/10, dst_ip),
+     ack AS (SELECT time/10 AS t, src_ip, count(*) AS n FROM packets
+             WHERE (tcp_flags & 18) = 18 GROUP BY time/10, src_ip)
+SELECT syn.t AS t, syn.dst_ip AS host, syn.n - coalesce(ack.n, 0) AS open
+FROM syn LEFT JOIN ack ON syn.t = ack.t AND syn.dst_ip = ack.src_ip
+WHERE syn.n - coalesce(ack.n, 0) >= 0;
+-- name: asym
+WITH o AS (SELECT time/10 AS t, src_ip, count(*) AS n FROM packets WHERE protocol = 17
+           GROUP BY time/10, src_ip),
+     i AS (SELECT time/10 AS t, dst_ip, count(*) AS n FROM packets WHERE protocol = 17
+           GROUP BY time/10, dst_ip)
+SELECT o.t AS t, o.src_ip AS host, o.n - i.n AS d FROM o JOIN i
+ON o.t = i.t AND o.src_ip = i.dst_ip WHERE o.n - i.n > 2
+ORDER BY d DESC LIMIT 3
+"""
+
+
+def spooled(tmp_path, queries):
+    """The plan, and every partial row an engine spools of a capture of 4 ten-second windows
+    (many services), punctuation left out."""
+    plan = build_plan(queries)
+    spool = Spool(tmp_path / "spool")
+    engine = Engine(spool, "packets", Metrics(), watermark_delay_s=1, finite=True)
+    engine.set_plan(plan)
+    for raw in open_capture(capture("var-services-std-ports.pcap"), batch_size=64):
+        engine.process(raw)
+    engine.finish()
+    rows = pa.concat_tables([read_spool_file(f) for f in list_files(spool.root / "packets/10")])
+    rows = rows.filter(pa.compute.not_equal(rows.column("node"), ""))
+    return plan, rows
+
+
+def answers(rows, resolve) -> dict:
+    """Each query's answer rows (a query without one has none: Spark writes nothing)."""
+    out = {q.name: sorted(map(repr, rows_of(q, a)))
+           for q, a in answers_of("packets", "10", rows, resolve)}
+    return {name: r for name, r in out.items() if r}
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory):
+    plan, rows = spooled(tmp_path_factory.mktemp("prune"), parse_queries(QUERIES))
+    resolve = {qp.slot: qp.query for qp in plan.queries}.get
+    return plan, rows, resolve, answers(rows, resolve)
+
+
+def test_the_rows_kept_answer_as_all_of_them(case):
+    plan, rows, resolve, want = case
+    kept = prune_rows("packets", rows, resolve)
+    assert answers(kept, resolve) == want
+    need = np.logical_or.reduce(list(needed_rows("packets", rows, resolve).values()))
+    assert all(want[name] for name in ("top_dst", "busy_dst", "fanout", "quiet_src",
+                                       "half_open", "asym"))
+    assert need.sum() < len(need)
+    # a query without HAVING or LIMIT keeps its every row
+    slot = next(qp.slot for qp in plan.queries if qp.query.name == "by_proto")
+    for label in set(rows.column("node").to_pylist()):
+        at = np.flatnonzero(rows.column("node").to_numpy(zero_copy_only=False) == label)
+        _, pattern = KeyLayout.parse("packets", label).decode(rows.column("key").take(at))
+        assert need[at[has_slot(pattern, slot)]].all()
+
+
+def test_a_limit_keeps_its_ties_and_a_having_no_group_passes_keeps_nothing(tmp_path):
+    """By hand: LIMIT 1 keeps the rows of every host tied first in its window (so Spark picks
+    the same host whatever order its rows come in); a HAVING that no group passes keeps no
+    row."""
+    plan, rows = spooled(tmp_path, parse_queries("""
+-- name: smallest
+SELECT time/10 AS t, dst_ip, min(wirelen) AS lo FROM packets GROUP BY time/10, dst_ip
+ORDER BY lo LIMIT 1;
+-- name: never
+SELECT time/10 AS t, src_ip, count(*) AS n FROM packets GROUP BY time/10, src_ip
+HAVING count(*) > 1000000
+"""))
+    resolve = {qp.slot: qp.query for qp in plan.queries}.get
+    by_slot = needed_rows("packets", rows, resolve)
+    need = np.logical_or.reduce(list(by_slot.values()))
+    everything = answers(rows, resolve)
+    assert answers(prune_rows("packets", rows, resolve), resolve) == everything
+    assert "never" not in everything and everything["smallest"]
+    part = next(t for q, t in query_partials("packets", rows.append_column(
+        "_row", pa.array(np.arange(rows.num_rows))), resolve) if q.name == "smallest")
+    keys = list(zip(part.column("window_start").to_pylist(), part.column("dst_ip").to_pylist(),
+                    strict=True))
+    lo: dict = {}
+    for k, v in zip(keys, part.column("min_wirelen").to_pylist(), strict=True):
+        lo[k] = min(lo.get(k, v), v)
+    first: dict = {}
+    for (ws, _), v in lo.items():
+        first[ws] = min(first.get(ws, v), v)
+    tied = {k for k, v in lo.items() if v == first[k[0]]}
+    assert len(tied) > len(first), "a window where hosts tie first"
+    assert {k for k, r in zip(keys, part.column("_row").to_pylist(), strict=True)
+            if need[r]} == tied
+    assert need.sum() == sum(need[r] for r in part.column("_row").to_pylist()), \
+        "of the other query's rows, none"
+
+
+@given(st.data())
+def test_groups_spooled_before_are_kept_whole(case, data):
+    """Rows spooled before (a full table's, an aged table's) are in Spark whatever
+    ``needed_rows`` says: every group they touch keeps all its rows, and a LEFT JOIN's left
+    group in Spark keeps its right partner (else Spark would join it to NULL)."""
+    _, rows, resolve, want = case
+    forced = np.zeros(rows.num_rows, bool)
+    forced[data.draw(st.lists(st.integers(0, rows.num_rows - 1), max_size=24))] = True
+    kept = prune_rows("packets", rows, resolve, forced=forced)
+    assert answers(kept, resolve) == want
+    assert set(rows.column("key").filter(pa.array(forced)).to_pylist()) <= \
+        set(kept.column("key").to_pylist()), "a forced row is kept as it is"
+
+
+def test_replay_leaves_out_rows_and_answers_the_same(spark, tmp_path):
+    """Through replay and Spark: the same answers with and without leaving rows out, and the
+    rows left out counted."""
+    got, pruned, spooled_rows = {}, {}, {}
+    for prune in (True, False):
+        m = Metrics()
+        res = replay(capture("var-services-std-ports.pcap"), parse_queries(QUERIES),
+                     tmp_path / str(prune), spark, metrics=m,
+                     settings=Settings(initial_queries=None, replay_prune=prune))
+        assert res.error is None
+        got[prune] = {q.name: sorted(map(repr, rows_of(q, t))) for q, t in res.answers}
+        pruned[prune], spooled_rows[prune] = (
+            sum(s.value for x in c.collect() for s in x.samples if s.name.endswith("_total"))
+            for c in (m.spool_pruned, m.spool_rows))
+    assert got[True] == got[False]
+    assert got[True]["asym"] and got[True]["half_open"]
+    assert 0 < pruned[True] < spooled_rows[True] and pruned[False] == 0
