@@ -348,7 +348,8 @@ class Settings(BaseSettings):
     replay_prune: bool = Field(
         True, description="flowsieve replay: before Spark merges a finite capture's partials, "
         "leave out the rows no answer needs (groups a HAVING or an ORDER BY … LIMIT drops, "
-        "with their joins' partners); the answers are the same")
+        "with their joins' partners); the answers are the same. A folder whose spool files "
+        "hold more than 64 MiB (the LFTA off) is merged whole")
     sources: list[SourceConfig] = Field(default_factory=lambda: [SourceConfig()])
     initial_queries: str | None = Field(
         default_factory=lambda: data_file("example.sql"),

@@ -35,6 +35,10 @@ from planner.query import Query
 # against 1.22 M packets/s on bench_spark's backbone, 50 queries), at most this many
 AUTO_WORKERS = 4
 MIN_RANGE_BYTES = 64 << 20  # ... each reading at least this much of the file
+# a folder's spool files larger than this are merged whole: pruning reads them into the driver,
+# 20-30 times their size (the LFTA off, 14M rows of 270 MB: 7.8 GiB peak); the attack bench's
+# 1.4M rows are 27 MB
+PRUNE_MAX_BYTES = 64 << 20
 
 
 class ReplayResult:
@@ -240,9 +244,10 @@ def prune_spool(spool: Spool, stream: str, folder: str, resolve: Resolve) -> int
     """Rewrite an aggregate folder of a finished input (every writer done, every window
     closed) without the partial rows no answer needs, each row kept with the query bits of
     the queries that need it (``results.prune_rows``): Spark then merges one file of the rows
-    that matter. Returns the rows left out."""
+    that matter; a folder of more than ``PRUNE_MAX_BYTES`` is left whole. Returns the rows
+    left out."""
     files = list_files(spool.root / stream / folder)
-    if not files:
+    if not files or sum(f.stat().st_size for f in files) > PRUNE_MAX_BYTES:
         return 0
     rows = pa.concat_tables([read_spool_file(f) for f in files])
     kept = prune_rows(stream, rows, resolve, forced=rows.column("node").to_numpy(

@@ -111,9 +111,9 @@ def slot_partials(stream: str, merged: pa.Table, resolve: Resolve
                   ) -> dict[int, tuple[Query, pa.Table]]:
     """Merged partial rows of a folder (``window_start, node, key, cnt``, measures) as each
     query's rows by slot: ``window_start``, the query's key columns, ``cnt`` and the measures
-    the query reads (and a ``_row`` column, when ``merged`` has one). A query's rows come from every node whose
-    pattern holds its slot (its node of the aggregate tree, or a node of an earlier plan);
-    ``finalize`` merges them to the query's keys."""
+    the query reads (and a ``_row`` column, when ``merged`` has one). A query's rows come from
+    every node whose pattern holds its slot (its node of the aggregate tree, or a node of an
+    earlier plan); ``finalize`` merges them to the query's keys."""
     parts: dict[int, list[pa.Table]] = {}
     queries: dict[int, Query | None] = {}
     columns: dict[str, pa.Array] = {}
