@@ -14,7 +14,6 @@ from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from capture.errors import DecodeError
 from capture.netflow import DEFAULT_FLOW_PORTS, Decoder, capture_flows
@@ -26,7 +25,7 @@ from collector.metrics import Metrics
 from collector.results import Resolve, prune_rows, read_results
 from collector.sampling import TupleSampler
 from collector.selectivity import SelectivityMeter
-from collector.spool import SUFFIXES, Spool, list_files
+from collector.spool import Spool, list_files, read_spool_file
 from planner.plan import Plan, build_plan
 from planner.query import Query
 
@@ -230,14 +229,6 @@ def _warm_up(spark, streams: list[str], only: set[str]) -> threading.Thread:
     t = threading.Thread(target=run, name="spark-warm-up", daemon=True)
     t.start()
     return t
-
-
-def read_spool_file(path: Path) -> pa.Table:
-    """A spool file of either format."""
-    if path.suffix == SUFFIXES["parquet"]:
-        return pq.read_table(path)
-    with pa.memory_map(str(path)) as source:
-        return pa.ipc.open_file(source).read_all()
 
 
 def prune_spool(spool: Spool, stream: str, folder: str, resolve: Resolve) -> int:

@@ -169,20 +169,19 @@ def selection_parts(rows: pa.Table, resolve: Resolve) -> list[tuple[Query, pa.Ta
     return out
 
 
-def finalize(query: Query, merged: pa.Table, ties: bool = False) -> pa.Table:
+def finalize(query: Query, merged: pa.Table) -> pa.Table:
     """Turn merged rows of one query (window_start, keys, cnt, sum_/min_/max_) into its
     answer: the query's output columns plus ``window_start``. Rows of a finer node (more keys
-    than the query's, several query-bit patterns) are merged to the query's keys first.
-    With a ``_row`` column in ``merged``, the answer has a ``_gid`` column: each row's group,
-    an index into ``merge_to_keys``' ``_row`` lists (``needed_rows``); with ``ties``, LIMIT
-    keeps the rows tied with the last one it keeps."""
-    return answer_of(query, merge_to_keys(query, merged), ties)
+    than the query's, several query-bit patterns) are merged to the query's keys first."""
+    return answer_of(query, merge_to_keys(query, merged))
 
 
 def answer_of(query: Query, merged: pa.Table, ties: bool = False, printed: bool = True
               ) -> pa.Table:
-    """``finalize`` of rows merged to the query's keys (``merge_to_keys``); without
-    ``printed``, address keys no ORDER BY reads stay binary (``needed_rows``)."""
+    """``finalize`` of rows merged to the query's keys (``merge_to_keys``). For
+    ``needed_rows``: with a ``_row`` column in ``merged``, the answer has a ``_gid`` column (each
+    row's group, an index into ``merged``); with ``ties``, LIMIT keeps the rows tied with the
+    last one it keeps; without ``printed``, address keys no ORDER BY reads stay binary."""
     cat = fields(query.stream)
     cols: dict[str, pa.Array] = {}
     ws = merged.column("window_start").combine_chunks()
@@ -288,10 +287,6 @@ def join_answer(query: Query, answers: dict[str, pa.Table], ties: bool = False) 
     if left is None or (right is None and j.how == "inner"):
         return pa.table({**{n: pa.array([], pa.int64()) for n in names},
                          "window_start": pa.array([], TS_US)})
-    if right is None and GID in left.column_names:
-        right_gid = {f"{j.right}.{GID}": pa.nulls(left.num_rows, pa.int64())}
-    else:
-        right_gid = {}
     left = left.rename_columns([f"{j.left}.{c}" for c in left.column_names])
     lkeys = [f"{j.left}.window_start"] + [f"{j.left}.{a}" for a, _ in j.on]
     if right is None:  # LEFT JOIN a window the right part has no row of: NULLs
@@ -300,8 +295,9 @@ def join_answer(query: Query, answers: dict[str, pa.Table], ties: bool = False) 
         for o in part.outputs:
             joined = joined.append_column(f"{j.right}.{o.name}",
                                           pa.nulls(left.num_rows, _output_type(part, o)))
-        for name, col in right_gid.items():
-            joined = joined.append_column(name, col)
+        if f"{j.left}.{GID}" in joined.column_names:
+            joined = joined.append_column(f"{j.right}.{GID}",
+                                          pa.nulls(left.num_rows, pa.int64()))
     else:
         right = right.rename_columns([f"{j.right}.{c}" for c in right.column_names])
         rkeys = [f"{j.right}.window_start"] + [f"{j.right}.{b}" for _, b in j.on]

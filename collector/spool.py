@@ -107,6 +107,14 @@ def list_files(folder: Path) -> list[Path]:
     return sorted((folder / n for n in names if _is_spool_file(n)), key=file_seq)
 
 
+def read_spool_file(path: Path) -> pa.Table:
+    """A spool file of either format, whole."""
+    if path.suffix == SUFFIXES["parquet"]:
+        return pq.read_table(path)
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_file(source).read_all()
+
+
 class SpoolFull(RuntimeError):
     """The spool stayed over its size limit longer than a blocking writer may wait."""
 

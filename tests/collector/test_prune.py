@@ -16,9 +16,9 @@ from collector.config import Settings
 from collector.engine import Engine
 from collector.keys import KeyLayout
 from collector.metrics import Metrics
-from collector.replay import read_spool_file, replay
+from collector.replay import replay
 from collector.results import answers_of, needed_rows, prune_rows, query_partials, rows_of
-from collector.spool import Spool, list_files
+from collector.spool import Spool, list_files, read_spool_file
 from planner.plan import build_plan
 from planner.query import parse_queries
 from planner.slots import has_slot
