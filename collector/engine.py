@@ -35,6 +35,7 @@ from collector.residual import Residual, ValueCache
 from collector.sampling import TupleSampler
 from collector.selectivity import SelectivityMeter
 from collector.spool import (
+    IN_MEMORY,
     Held,
     Spool,
     null_columns,
@@ -552,11 +553,13 @@ class Engine:
     def _write(self, fp: FolderPlan, batch: pa.Table | None) -> None:
         if batch is None or not batch.num_rows:
             return
-        if self._spool(fp.folder, batch) is None:
+        written = self._spool(fp.folder, batch)
+        if written is None:
             self.metrics.spool_dropped.labels(self.stream, self.source, "spool_full").inc(
                 batch.num_rows)
         else:
-            self.metrics.spool_files.labels(self.stream, fp.folder).inc()
+            if written is not IN_MEMORY:
+                self.metrics.spool_files.labels(self.stream, fp.folder).inc()
             self.metrics.spool_rows.labels(self.stream, fp.folder).inc(batch.num_rows)
 
     def _spool(self, folder: str, batch: pa.Table):

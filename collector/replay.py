@@ -14,6 +14,7 @@ from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from capture.errors import DecodeError
 from capture.netflow import DEFAULT_FLOW_PORTS, Decoder, capture_flows
@@ -25,7 +26,7 @@ from collector.metrics import Metrics
 from collector.results import Resolve, prune_rows, read_results
 from collector.sampling import TupleSampler
 from collector.selectivity import SelectivityMeter
-from collector.spool import Spool, list_files, read_spool_file
+from collector.spool import MemorySpool, Spool, list_files, read_spool_file
 from planner.plan import Plan, build_plan
 from planner.query import Query
 
@@ -38,6 +39,9 @@ MIN_RANGE_BYTES = 64 << 20  # ... each reading at least this much of the file
 # 20-30 times their size (the LFTA off, 14M rows of 270 MB: 7.8 GiB peak); the attack bench's
 # 1.4M rows are 27 MB
 PRUNE_MAX_BYTES = 64 << 20
+# the partial rows replay's own reading keeps in memory for pruning, in Arrow bytes (the attack
+# bench's 1.4M rows: 250 MiB); past it they go to files
+PRUNE_MEMORY_BYTES = 512 << 20
 
 
 class ReplayResult:
@@ -231,22 +235,29 @@ def _warm_up(spark, streams: list[str], only: set[str]) -> threading.Thread:
     return t
 
 
-def prune_spool(spool: Spool, stream: str, folder: str, resolve: Resolve) -> int:
+def prune_spool(spool: Spool, stream: str, folder: str, resolve: Resolve,
+                kept: list[pa.Table] = ()) -> int:
     """Rewrite an aggregate folder of a finished input (every writer done, every window
     closed) without the partial rows no answer needs, each row kept with the query bits of
     the queries that need it (``results.prune_rows``): Spark then merges one file of the rows
-    that matter; a folder of more than ``PRUNE_MAX_BYTES`` is left whole. Returns the rows
-    left out."""
+    that matter. ``kept``: the folder's partial rows a ``MemorySpool`` kept in memory, with
+    its files. A folder whose files hold more than ``PRUNE_MAX_BYTES`` is written whole.
+    Returns the rows left out."""
     files = list_files(spool.root / stream / folder)
-    if not files or sum(f.stat().st_size for f in files) > PRUNE_MAX_BYTES:
+    if sum(f.stat().st_size for f in files) > PRUNE_MAX_BYTES:
+        for t in kept:
+            spool.write(stream, folder, t, "force")
         return 0
-    rows = pa.concat_tables([read_spool_file(f) for f in files])
-    kept = prune_rows(stream, rows, resolve, forced=rows.column("node").to_numpy(
-        zero_copy_only=False) == "")  # punctuation stays
-    spool.write(stream, folder, kept, "force")
+    parts = [*kept, *(read_spool_file(f) for f in files)]
+    if not parts:
+        return 0
+    rows = pa.concat_tables(parts)
+    out = prune_rows(stream, rows, resolve, forced=pc.equal(
+        rows.column("node"), "").to_numpy(zero_copy_only=False))  # punctuation stays
+    spool.write(stream, folder, out, "force")
     for f in files:
         f.unlink()
-    return rows.num_rows - kept.num_rows
+    return rows.num_rows - out.num_rows
 
 
 def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.PathLike,
@@ -277,8 +288,10 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     report = progress or (lambda stage, n: None)
     metrics = metrics or Metrics()
     # nothing consumes the spool before the end of the input: a full one is an error
-    spool = Spool(work / "spool", settings.spool.max_bytes, "block", 0.0,
-                  format=settings.spool.format, probe=settings.probe)
+    spool_args = (work / "spool", settings.spool.max_bytes, "block", 0.0)
+    spool_kw = {"format": settings.spool.format, "probe": settings.probe}
+    spool = MemorySpool(*spool_args, **spool_kw, limit=PRUNE_MEMORY_BYTES) \
+        if settings.replay_prune else Spool(*spool_args, **spool_kw)
     plan = build_plan(queries, **settings.plan_options())
     if settings.planner.measure_tuples:
         report("measuring", 0)
@@ -326,9 +339,14 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
         report("Spark: leaving out what no answer needs", None)
         t0 = time.perf_counter()
         resolve = {qp.slot: qp.query for qp in plan.queries}.get
+        kept = spool.release()
         for s, f in folders:
             if f != "select":
-                metrics.spool_pruned.labels(s, f).inc(prune_spool(spool, s, f, resolve))
+                metrics.spool_pruned.labels(s, f).inc(
+                    prune_spool(spool, s, f, resolve, kept.pop((s, f), [])))
+        for (s, f), left in kept.items():  # none expected: every folder is the plan's
+            for t in left:
+                spool.write(s, f, t, "force")
         job.timings["prune_s"] = time.perf_counter() - t0
     if settings.spool.format == "parquet":
         job.run_batch(folders, only)

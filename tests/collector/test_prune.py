@@ -156,20 +156,31 @@ def test_groups_spooled_before_are_kept_whole(case, data):
         set(kept.column("key").to_pylist()), "a forced row is kept as it is"
 
 
-def test_replay_leaves_out_rows_and_answers_the_same(spark, tmp_path):
+def test_replay_leaves_out_rows_and_answers_the_same(spark, tmp_path, monkeypatch):
     """Through replay and Spark: the same answers with and without leaving rows out, and the
-    rows left out counted."""
-    got, pruned, spooled_rows = {}, {}, {}
-    for prune in (True, False):
+    rows left out counted; also when the rows kept in memory outgrow their bound (they go to
+    files and are pruned from there) and when the files outgrow theirs (merged whole)."""
+    import collector.replay as replay_module
+
+    got, pruned, spooled_rows, files = {}, {}, {}, {}
+    cases = {"off": (False, 512 << 20, 64 << 20), "memory": (True, 512 << 20, 64 << 20),
+             "files": (True, 1, 64 << 20), "whole": (True, 1, 0)}
+    for case, (prune, memory_bytes, file_bytes) in cases.items():
+        monkeypatch.setattr(replay_module, "PRUNE_MEMORY_BYTES", memory_bytes)
+        monkeypatch.setattr(replay_module, "PRUNE_MAX_BYTES", file_bytes)
         m = Metrics()
         res = replay(capture("var-services-std-ports.pcap"), parse_queries(QUERIES),
-                     tmp_path / str(prune), spark, metrics=m,
+                     tmp_path / case, spark, metrics=m,
                      settings=Settings(initial_queries=None, replay_prune=prune))
         assert res.error is None
-        got[prune] = {q.name: sorted(map(repr, rows_of(q, t))) for q, t in res.answers}
-        pruned[prune], spooled_rows[prune] = (
+        got[case] = {q.name: sorted(map(repr, rows_of(q, t))) for q, t in res.answers}
+        pruned[case], spooled_rows[case], files[case] = (
             sum(s.value for x in c.collect() for s in x.samples if s.name.endswith("_total"))
-            for c in (m.spool_pruned, m.spool_rows))
-    assert got[True] == got[False]
-    assert got[True]["asym"] and got[True]["half_open"]
-    assert 0 < pruned[True] < spooled_rows[True] and pruned[False] == 0
+            for c in (m.spool_pruned, m.spool_rows, m.spool_files))
+    for case in cases:
+        assert got[case] == got["off"], case
+    assert got["off"]["asym"] and got["off"]["half_open"]
+    assert 0 < pruned["memory"] == pruned["files"] < spooled_rows["memory"]
+    assert pruned["off"] == pruned["whole"] == 0
+    assert len(set(spooled_rows.values())) == 1, "every case spools the same rows"
+    assert files["memory"] < files["off"], "a batch kept in memory is no file"
