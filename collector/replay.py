@@ -23,7 +23,7 @@ from collector import functions, tables
 from collector.config import Settings
 from collector.engine import Engine
 from collector.metrics import Metrics
-from collector.results import Resolve, prune_rows, read_results
+from collector.results import Resolve, prune_rows
 from collector.sampling import TupleSampler
 from collector.selectivity import SelectivityMeter
 from collector.spool import MemorySpool, Spool, list_files, read_spool_file
@@ -326,16 +326,9 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
             error = e
             metrics.decode_errors.labels("replay", e.kind or "input").inc()
         engine.finish()
-    report("Spark: merging partial aggregates", None)
-    if isinstance(spark, Future):
-        spark = spark.result()
-    if warming is not None:
-        warming.join()
-    job = SparkJob(spark, work / "spool", work / "results", work / "checkpoints",
-                   {qp.slot: qp.query for qp in plan.queries}.get, watermark_delay_s, metrics,
-                   spool_format=settings.spool.format)
     folders = [(s, f) for s in plan.streams() for f in plan.folders(s)]
-    if settings.replay_prune:
+    timings: dict[str, float] = {}
+    if settings.replay_prune:  # on the driver, while Spark's first job may still warm up
         report("Spark: leaving out what no answer needs", None)
         t0 = time.perf_counter()
         resolve = {qp.slot: qp.query for qp in plan.queries}.get
@@ -347,12 +340,23 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
         for (s, f), left in kept.items():  # none expected: every folder is the plan's
             for t in left:
                 spool.write(s, f, t, "force")
-        job.timings["prune_s"] = time.perf_counter() - t0
+        timings["prune_s"] = time.perf_counter() - t0
+    report("Spark: merging partial aggregates", None)
+    t0 = time.perf_counter()
+    if isinstance(spark, Future):
+        spark = spark.result()
+    if warming is not None:
+        warming.join()
+    timings["wait_s"] = time.perf_counter() - t0  # for the JVM or its first job
+    job = SparkJob(spark, work / "spool", work / "results", work / "checkpoints",
+                   {qp.slot: qp.query for qp in plan.queries}.get, watermark_delay_s, metrics,
+                   spool_format=settings.spool.format, keep_answers=True)
+    job.timings.update(timings)
     if settings.spool.format == "parquet":
         job.run_batch(folders, only)
     else:  # the Python data source reads Arrow IPC as a stream
         job.run_available_now(folders)
     t0 = time.perf_counter()
-    answers = [(q, read_results(work / "results", q)) for q in queries]
+    answers = [(q, job.answer(q)) for q in queries]  # as written to work/results
     job.timings["read_results_s"] = time.perf_counter() - t0
     return ReplayResult(plan, answers, error, metrics, job.timings, max(len(ranges), 1))

@@ -571,8 +571,14 @@ def read_results(root: str | os.PathLike, query: Query, last_windows: int | None
     """A query's answers so far, in order; optionally only its latest closed windows."""
     d = results_dir(root, query.name)
     files = sorted(d.glob("*.parquet")) if d.exists() else []
-    tables = [pq.read_table(f) for f in files]
-    tables = [t for t in tables if t.num_rows]
+    return results_table(query, [pq.read_table(f) for f in files], last_windows)
+
+
+def results_table(query: Query, parts: list[pa.Table], last_windows: int | None = None
+                  ) -> pa.Table:
+    """A query's result parts (in part-name order) as one answer, in order; optionally only
+    its latest closed windows."""
+    tables = [t for t in parts if t.num_rows]
     if not tables:
         return pa.table({o.name: pa.array([], pa.null()) for o in query.outputs})
     table = pa.concat_tables(tables, promote_options="permissive")

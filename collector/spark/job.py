@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 
 from capture.fields import measures
 from collector.metrics import Metrics
-from collector.results import answers_of, write_results
+from collector.results import answers_of, results_table, write_results
 from collector.spark.source import SpoolDataSource
 from collector.spool import schema_for, spark_ddl
 from planner.query import Query
@@ -273,7 +273,8 @@ class SparkJob:
     def __init__(self, spark: SparkSession, spool_root: str | os.PathLike,
                  results_root: str | os.PathLike, checkpoint_root: str | os.PathLike,
                  resolve: Resolver, watermark_delay_s: int = 1, metrics: Metrics | None = None,
-                 trigger_s: float = 2.0, spool_format: str = "parquet"):
+                 trigger_s: float = 2.0, spool_format: str = "parquet",
+                 keep_answers: bool = False):
         self.spark = spark
         self.spool_root = Path(spool_root)
         self.results_root = Path(results_root)
@@ -292,6 +293,8 @@ class SparkJob:
         # per folder: every window starting before this (epoch s) is answered, for good
         self.complete_before: dict[tuple[str, str], float] = {}
         self._skipped: set[tuple[str, str, int]] = set()  # slots whose partials were skipped
+        # keep_answers (replay): each query's result parts as written, by part name
+        self.answers: dict[str, dict[str, pa.Table]] | None = {} if keep_answers else None
 
     def _sink(self, stream: str, folder: str):
         def write_batch(batch_df: DataFrame, batch_id: int) -> None:
@@ -308,18 +311,28 @@ class SparkJob:
         for q, answer in answers_of(stream, folder, table, self._resolver(stream, folder)):
             self.metrics.result_rows.labels(q.name).inc(answer.num_rows)
             if q.period is None or "window_start" not in answer.column_names:
-                write_results(self.results_root, q.name, f"{stream}-{folder}-{batch_id:010d}",
-                              answer)
+                self._write(q, f"{stream}-{folder}-{batch_id:010d}", answer)
                 continue
             # one part per window: a window's answer is written once, and a batch Spark runs
             # again (after a restart) replaces it rather than adding to it
             starts = pc.cast(answer.column("window_start"), pa.int64())
             lag = self.metrics.query_lag.labels(q.name)
             for ws in pc.unique(starts).to_pylist():
-                write_results(self.results_root, q.name, f"{stream}-{folder}-w{ws:020d}",
-                              answer.filter(pc.equal(starts, ws)))
+                self._write(q, f"{stream}-{folder}-w{ws:020d}",
+                            answer.filter(pc.equal(starts, ws)))
                 self.metrics.query_windows.labels(q.name).inc()
                 lag.observe(max(0.0, now - ws / 1e6 - q.period))
+
+    def _write(self, q: Query, part: str, answer: pa.Table) -> None:
+        write_results(self.results_root, q.name, part, answer)
+        if self.answers is not None:
+            self.answers.setdefault(q.name, {})[part] = answer
+
+    def answer(self, q: Query) -> pa.Table:
+        """A query's answers this job wrote (``keep_answers``), as ``read_results`` reads
+        them."""
+        parts = (self.answers or {}).get(q.name, {})
+        return results_table(q, [parts[k] for k in sorted(parts)])
 
     def _resolver(self, stream: str, folder: str) -> Resolver:
         def resolve(slot: int) -> Query | None:

@@ -17,7 +17,14 @@ from collector.engine import Engine
 from collector.keys import KeyLayout
 from collector.metrics import Metrics
 from collector.replay import replay
-from collector.results import answers_of, needed_rows, prune_rows, query_partials, rows_of
+from collector.results import (
+    answers_of,
+    needed_rows,
+    prune_rows,
+    query_partials,
+    read_results,
+    rows_of,
+)
 from collector.spool import Spool, list_files, read_spool_file
 from planner.plan import build_plan
 from planner.query import parse_queries
@@ -174,6 +181,8 @@ def test_replay_leaves_out_rows_and_answers_the_same(spark, tmp_path, monkeypatc
                      settings=Settings(initial_queries=None, replay_prune=prune))
         assert res.error is None
         got[case] = {q.name: sorted(map(repr, rows_of(q, t))) for q, t in res.answers}
+        for q, t in res.answers:  # replay's answers are those it wrote
+            assert t.equals(read_results(tmp_path / case / "results", q)), q.name
         pruned[case], spooled_rows[case], files[case] = (
             sum(s.value for x in c.collect() for s in x.samples if s.name.endswith("_total"))
             for c in (m.spool_pruned, m.spool_rows, m.spool_files))
