@@ -608,7 +608,7 @@ class NodeTable:
         n = len(p)
         cols = [pa.array(p.keys[:, 0] * 1_000_000, TS_US),
                 pa.array(np.full(n, plan_version, np.int32)),
-                pa.array(np.full(n, self.spool_layout.label), pa.string()),
+                pa.repeat(pa.scalar(self.spool_layout.label, pa.string()), n),
                 self.spool_layout.encode(p.keys[:, 1:], strings),
                 pa.array(p.cnt)]
         at = {name: m for m, name in enumerate(self.measures)}
@@ -620,5 +620,5 @@ class NodeTable:
             else:
                 cols += [pa.nulls(n, pa.int64())] * 3
         cols.append(hll if hll is not None else pa.nulls(n, pa.binary()))
-        cols.append(pa.array(np.full(n, probe), pa.string()))
+        cols.append(pa.repeat(pa.scalar(probe, pa.string()), n))
         return pa.Table.from_arrays(cols, schema=self.schema)
