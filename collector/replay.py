@@ -290,7 +290,9 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     # nothing consumes the spool before the end of the input: a full one is an error
     spool_args = (work / "spool", settings.spool.max_bytes, "block", 0.0)
     spool_kw = {"format": settings.spool.format, "probe": settings.probe}
-    spool = MemorySpool(*spool_args, **spool_kw, limit=PRUNE_MEMORY_BYTES) \
+    # what it keeps in memory counts against the spool's bound too
+    spool = MemorySpool(*spool_args, **spool_kw,
+                        limit=min(PRUNE_MEMORY_BYTES, settings.spool.max_bytes)) \
         if settings.replay_prune else Spool(*spool_args, **spool_kw)
     plan = build_plan(queries, **settings.plan_options())
     if settings.planner.measure_tuples:

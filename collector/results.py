@@ -136,6 +136,7 @@ def slot_partials(stream: str, merged: pa.Table, resolve: Resolve
         cols, pattern = layout.decode(column("key").take(pos))
         if layout.sketch is not None:  # the node's rows carry a sketch of its field
             cols[layout.sketch] = column("hll").take(pos)
+        node: dict[str, pa.Array] = {}  # the node's rows of a column, taken once
         for slot in slots_of(np.bitwise_or.reduce(pattern, axis=0)):
             if slot not in queries:
                 queries[slot] = resolve(slot)
@@ -148,13 +149,16 @@ def slot_partials(stream: str, merged: pa.Table, resolve: Resolve
                                  f"{', '.join(sorted(missing))}")
             keep = has_slot(pattern, slot)
             at = pa.array(np.flatnonzero(keep)) if not keep.all() else None
-            sel = pos if at is None else pos.take(at)
             meas = ["cnt", *(f"{a}_{m}" for m in q.measures for a in ("sum", "min", "max")),
                     *([ROW] if ROW in merged.column_names else [])]
+            for k in ["window_start", *meas]:
+                if k not in node:
+                    node[k] = column(k).take(pos)
             parts.setdefault(slot, []).append(pa.table({
-                "window_start": column("window_start").take(sel),
+                "window_start": node["window_start"] if at is None else
+                node["window_start"].take(at),
                 **{k: cols[k] if at is None else cols[k].take(at) for k in q.node_keys},
-                **{m: column(m).take(sel) for m in meas}}))
+                **{m: node[m] if at is None else node[m].take(at) for m in meas}}))
     return {s: (queries[s], pa.concat_tables(ts)) for s, ts in parts.items()}
 
 
