@@ -335,13 +335,10 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
         t0 = time.perf_counter()
         resolve = {qp.slot: qp.query for qp in plan.queries}.get
         kept = spool.release()
-        for s, f in folders:
+        for s, f in dict.fromkeys([*folders, *kept]):  # the plan's, and any rows kept
             if f != "select":
                 metrics.spool_pruned.labels(s, f).inc(
-                    prune_spool(spool, s, f, resolve, kept.pop((s, f), [])))
-        for (s, f), left in kept.items():  # none expected: every folder is the plan's
-            for t in left:
-                spool.write(s, f, t, "force")
+                    prune_spool(spool, s, f, resolve, kept.get((s, f), [])))
         timings["prune_s"] = time.perf_counter() - t0
     report("Spark: merging partial aggregates", None)
     t0 = time.perf_counter()

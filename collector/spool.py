@@ -115,6 +115,13 @@ def read_spool_file(path: Path) -> pa.Table:
         return pa.ipc.open_file(source).read_all()
 
 
+def as_spool_table(stream: str, folder: str, batch: pa.RecordBatch | pa.Table) -> pa.Table:
+    """A batch as a table of the folder's spool schema (its columns, in order and type)."""
+    schema = schema_for(stream, folder)
+    table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+    return table.select(schema.names).cast(schema)
+
+
 class SpoolFull(RuntimeError):
     """The spool stayed over its size limit longer than a blocking writer may wait."""
 
@@ -249,13 +256,11 @@ class Spool:
             seq = self._next_seq(path_dir)
         final = path_dir / f"{seq:016d}.{self.probe}{SUFFIXES[self.format]}"
         tmp = path_dir / f".{self.probe}.{seq:016d}.tmp"  # hidden: no reader lists it
-        schema = schema_for(stream, folder)
-        table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-        table = table.select(schema.names).cast(schema)
+        table = as_spool_table(stream, folder, batch)
         if self.format == "parquet":
             pq.write_table(table, tmp, row_group_size=1 << 20, compression="lz4")
         else:
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
                 writer.write_table(table, max_chunksize=65536)
         if kind == "held":
             self._written += tmp.stat().st_size
@@ -321,10 +326,8 @@ class MemorySpool(Spool):
               hold: str | None = None, kind: str = "held") -> Path | Held | None:
         if self._kept is None or folder == "select" or hold is not None:
             return super().write(stream, folder, batch, policy, stop, waiting, hold, kind)
-        schema = schema_for(stream, folder)
-        table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-        self._kept.setdefault((stream, folder), []).append(
-            table.select(schema.names).cast(schema))
+        table = as_spool_table(stream, folder, batch)
+        self._kept.setdefault((stream, folder), []).append(table)
         self._kept_bytes += table.nbytes
         if self._kept_bytes > self.limit:
             for (s, f), tables in self.release().items():
