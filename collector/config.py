@@ -349,7 +349,8 @@ class Settings(BaseSettings):
         True, description="flowsieve replay: before Spark merges a finite capture's partials, "
         "leave out the rows no answer needs (groups a HAVING or an ORDER BY … LIMIT drops, "
         "with their joins' partners); the answers are the same. A folder whose spool files "
-        "hold more than 64 MiB (the LFTA off) is merged whole")
+        "hold more than 64 MiB (the LFTA off) is merged whole; replay's own reading keeps "
+        "its rows in memory for this (up to 512 MiB or spool.max_bytes)")
     sources: list[SourceConfig] = Field(default_factory=lambda: [SourceConfig()])
     initial_queries: str | None = Field(
         default_factory=lambda: data_file("example.sql"),
