@@ -95,6 +95,10 @@ class Metrics:
                                   "Time a source waited for room in a full spool "
                                   "(back-pressure of the block policy)", ["source"],
                                   registry=r)
+        self.align_wait = Counter("flowsieve_source_align_wait_seconds",
+                                  "Time a file source with its own times waited for the "
+                                  "others to catch up (event-time alignment)", ["source"],
+                                  registry=r)
         self.kernel_packets = Counter(
             "flowsieve_capture_kernel_packets",
             "Packets that passed the kernel filter of a live source (PACKET_STATISTICS)",
@@ -147,6 +151,12 @@ class Metrics:
                                         "Spool rows Spark's micro-batches read", ["stream",
                                                                                   "folder"],
                                         registry=r)
+        self.spark_late_rows = Counter("flowsieve_spark_late_rows",
+                                       "Rows Spark dropped as late, their window closed "
+                                       "(older than its watermark): counted after Spark's "
+                                       "own partial aggregation, so at most the spool rows "
+                                       "lost", ["stream", "folder"],
+                                       registry=r)
         self.query_avoided = Counter("flowsieve_query_invocations_avoided",
                                      "Tuples of a query's stream the prefilter kept from it "
                                      "(its bits or ASCs ruled the query out)", ["query"],

@@ -31,7 +31,7 @@ from collector.registry import Registry, planned
 from collector.results import clear_results, read_results
 from collector.sampling import TupleSampler
 from collector.selectivity import SelectivityMeter
-from collector.sources import Source, make_source
+from collector.sources import Alignment, PcapFileSource, Source, make_source
 from collector.spool import Spool
 from planner.plan import Plan, build_plan
 from planner.query import Query, parse_queries, parse_single
@@ -95,6 +95,7 @@ class Collector:
                                checkpoint=self._checkpoint(src), commit_s=s.spool.commit_s,
                                residual=s.residual, om=s.om)
                         for c, src in zip(s.sources, self.sources, strict=True)]
+        self.alignment = self._alignment()
         self.rebuild()
         self._with_spark = with_spark
         if with_spark:
@@ -194,13 +195,44 @@ class Collector:
             self.registry.close()
         self.started = False
 
+    def _alignment(self) -> Alignment | None:
+        """The event-time alignment of the packet files read with their own times (when
+        there are two or more); a warning when live sources run beside them, whose windows
+        close before such a file's older tuples come (Spark drops them as late, counted in
+        ``flowsieve_spark_late_rows_total``)."""
+        own = [src.name for src in self.sources
+               if isinstance(src, PcapFileSource) and not src.restamp]
+        live = [c.name for c, src in zip(self.settings.sources, self.sources, strict=True)
+                if c.stream == "packets" and src.restamp]
+        if own and live:
+            log.warning("sources %s read files with their own times beside live sources %s: "
+                        "the live windows close before the files' older tuples come, and "
+                        "Spark drops those as late (set restamp: true to replay the files at "
+                        "the current time)", ", ".join(own), ", ".join(live))
+        if len(own) < 2:
+            return None
+        alignment = Alignment(self.settings.spark.watermark_delay_s)
+        for name in own:
+            alignment.join(name)
+        return alignment
+
     def _run_source(self, src, engine: Engine) -> None:
         self.source_state[src.name] = "running"
+        align = self.alignment if self.alignment is not None and \
+            isinstance(src, PcapFileSource) and not src.restamp else None
         try:
             durable = engine.checkpoint is not None
             for raw in src.batches(self._stop):
                 if raw is None:  # waiting, with everything read processed
                     self._waited_at[src.name] = time.time()
+                    if align is not None:
+                        align.idle(src.name)
+                elif len(raw) and align is not None:  # in step with the other files
+                    left = len(raw)
+                    for piece in align.pieces(src.name, raw, self._stop,
+                                              self.metrics.align_wait.labels(src.name).inc):
+                        left -= len(piece)
+                        engine.process(piece, src.name, src.position(left) if durable else None)
                 elif len(raw):
                     engine.process(raw, src.name, src.position() if durable else None)
                 if hasattr(src, "decoder"):
@@ -220,6 +252,9 @@ class Collector:
             self.source_errors.append(f"{src.name}: {e!r}")
             self.source_state[src.name] = f"failed: {e!r}"
             log.exception("source %s failed", src.name)
+        finally:
+            if align is not None:
+                align.leave(src.name)
 
     def _finish(self, engine: Engine) -> None:
         """A source ended: its engine flushes its partials; the last engine of a stream to end

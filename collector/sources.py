@@ -73,10 +73,12 @@ class PcapFileSource:
         src = getattr(self.reader, "src", None)
         return getattr(src, "waited_at", None) if self.follow else None
 
-    def position(self) -> dict:
+    def position(self, held: int = 0) -> dict:
+        """Where the source is: past the records handed out, but the last ``held`` of them
+        (records the daemon has yet to hand its engine)."""
         st = os.stat(self.path)
         return {"path": str(self.path), "dev": st.st_dev, "ino": st.st_ino,
-                "records": self.records, "shift_ns": self._shift}
+                "records": self.records - held, "shift_ns": self._shift}
 
     def resume(self, position: dict | None) -> str | None:
         """Continue after ``position`` (a committed one) when it is this same file; else say
@@ -129,6 +131,76 @@ class PcapFileSource:
             if not self.loop:
                 return
             self.records, self._shift = 0, None
+
+
+class Alignment:
+    """Event-time alignment of the sources that keep their files' own times (a file read once
+    or followed, not re-stamped). Spark's watermark follows the latest window start any
+    engine spooled, so the tuples of a file read behind another would all reach Spark late and
+    be dropped: two captures of the same hour from two taps, one busy and one quiet, or a
+    file of yesterday beside one of today. Each such source hands its engine only the records
+    up to the other sources' next record plus the watermark delay (``pieces``) and waits for
+    the others to catch up with the rest; a tuple's window is then never older than what the
+    watermark keeps open. The source whose next record is the earliest can always go on, so
+    they advance together (Flink's watermark alignment, FLIP-182, pauses sources alike). A
+    source waiting for its file to grow, finished or failed holds nobody back (``idle``,
+    ``leave``). A file's records are taken in their order: a capture's out-of-order records
+    are as late as the watermark delay allows, as in one engine."""
+
+    def __init__(self, slack_s: float):
+        self.slack_ns = int(slack_s * 1e9)
+        self._next: dict[str, float] = {}  # name -> its next record's time (ns)
+        self._cv = threading.Condition()
+
+    def join(self, name: str) -> None:
+        """A source to wait for (before any source starts: its next record is not known)."""
+        self._set(name, float("-inf"))
+
+    def idle(self, name: str) -> None:
+        """The source waits with nothing to hand over (a followed file at its end)."""
+        self._set(name, float("inf"))
+
+    leave = idle  # the source ended
+
+    def _set(self, name: str, t: float) -> None:
+        with self._cv:
+            self._next[name] = t
+            self._cv.notify_all()
+
+    def bound(self, name: str) -> float:
+        """The latest time source ``name`` may hand over now (ns)."""
+        with self._cv:
+            return self._bound(name)
+
+    def _bound(self, name: str) -> float:
+        return min((t for n, t in self._next.items() if n != name),
+                   default=float("inf")) + self.slack_ns
+
+    def pieces(self, name: str, raw: RawBatch, stop: threading.Event,
+               waited: Callable[[float], None] | None = None) -> Iterator[RawBatch]:
+        """``raw``'s records in the pieces source ``name`` may hand over, in order; waits
+        between them (until ``stop``) and tells ``waited`` how long it waited."""
+        pos = 0
+        while pos < len(raw) and not stop.is_set():
+            ts = raw.ts_ns[pos:]
+            due = np.maximum.accumulate(ts)
+            t0 = time.monotonic()
+            with self._cv:
+                self._next[name] = float(ts[0])
+                self._cv.notify_all()
+                while not stop.is_set():
+                    end = int(np.searchsorted(due, self._bound(name), side="right"))
+                    if end:
+                        break
+                    self._cv.wait(0.2)
+            if waited is not None and time.monotonic() - t0 > 0.001:
+                waited(time.monotonic() - t0)
+            if stop.is_set():
+                return
+            yield raw.slice(pos, pos + end)
+            pos += end
+        if len(raw):  # the next record follows this batch's last in the file
+            self._set(name, float(raw.ts_ns[-1]))
 
 
 class InterfaceSource:

@@ -393,9 +393,10 @@ class SparkJob:
 
     def run_available_now(self, folders: list[tuple[str, str]]) -> None:
         """Process everything in the spool now and return (``replay``)."""
-        started = [self.start(s, f, available_now=True) for s, f in folders]
-        for sq in started:
+        started = [((s, f), self.start(s, f, available_now=True)) for s, f in folders]
+        for key, sq in started:
             sq.awaitTermination()
+            self._progress(key, sq)
             if sq.exception() is not None:
                 raise RuntimeError(f"Spark query {sq.name} failed: {sq.exception()}")
 
@@ -486,6 +487,10 @@ class SparkJob:
                 continue
             seen = bid
             self.metrics.spark_input_rows.labels(*key).inc(rep.get("numInputRows", 0))
+            late = sum(op.get("numRowsDroppedByWatermark", 0)
+                       for op in rep.get("stateOperators") or ())
+            if late:
+                self.metrics.spark_late_rows.labels(*key).inc(late)
             ms = (rep.get("durationMs") or {}).get("triggerExecution")
             if ms is not None:
                 self.metrics.spark_batch_seconds.labels(*key).observe(ms / 1000)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import time
 
+import pyarrow.parquet as pq
 import pytest
+from prometheus_client import generate_latest
 from pyspark.sql import functions as F
 
 from capture.pcap import open_capture
@@ -20,6 +22,8 @@ from collector.spool import Spool, list_files
 from planner.plan import build_plan
 from planner.query import parse_queries
 from tests.collector.test_lfta_pipeline import answers_of, reference, spread
+from tests.collector.test_watermark import shifted
+from tests.test_daemon import metric
 
 pytestmark = pytest.mark.slow
 
@@ -308,3 +312,37 @@ def test_each_pyspark_installation_keeps_its_own_archive(tmp_path, monkeypatch):
     assert here == class_archive_path(tmp_path) and pyspark.__version__ in here.name
     monkeypatch.setattr(pyspark, "__file__", str(tmp_path / "other" / "pyspark" / "__init__.py"))
     assert class_archive_path(tmp_path) != here
+
+
+def test_rows_that_come_after_their_window_closed_are_counted(spark, tmp_path):
+    """A probe writes the hour after another's first, and Spark's watermark has passed every
+    window of the second one's rows: Spark drops them. The job counts them by folder
+    (``flowsieve_spark_late_rows_total``) instead of losing them silently; rows in time are
+    not counted."""
+    path, _ = spread(tmp_path, "ok.pcap", 0.5)  # 851 packets over seven minutes
+    later = shifted(path, tmp_path / "later.pcap", 3600)
+    plan = build_plan(parse_queries("SELECT time/60 AS t, count(*) AS n FROM packets "
+                                    "GROUP BY time/60"), aggregate_tree=False)
+    folder = tmp_path / "spool" / "packets" / "60"
+
+    def spool_rows(capture, probe: str) -> int:
+        engine = Engine(Spool(tmp_path / "spool", probe=probe), "packets", Metrics(), probe, 1)
+        engine.set_plan(plan)
+        for raw in open_capture(capture, batch_size=100):
+            engine.process(raw)
+        engine.finish(close=False)
+        return sum(pq.read_metadata(f).num_rows for f in list_files(folder)
+                   if f.name.split(".")[1] == probe)
+    metrics = Metrics()
+    job = SparkJob(spark, tmp_path / "spool", tmp_path / "results", tmp_path / "ck",
+                   {qp.slot: qp.query for qp in plan.queries}.get, 1, metrics)
+
+    def late() -> float:
+        return metric(generate_latest(metrics.registry).decode(),
+                      "flowsieve_spark_late_rows_total", 'folder="60",stream="packets"')
+    assert spool_rows(later, "first") > 0
+    job.run_available_now([("packets", "60")])
+    assert late() == 0
+    behind = spool_rows(path, "second")
+    job.run_available_now([("packets", "60")])
+    assert 0 < late() <= behind

@@ -15,10 +15,13 @@ may), and every window closed holds every packet of it, as dpkt counts them.
 
 from __future__ import annotations
 
+import struct
+import threading
 import time
 from collections import Counter
 
 import dpkt
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -26,10 +29,12 @@ import pytest
 from prometheus_client import generate_latest
 
 from capture.pcap import open_capture
+from capture.records import RawBatch
 from collector.config import LftaConfig, OmConfig, SourceConfig, load_settings
 from collector.engine import Engine
 from collector.metrics import Metrics
 from collector.service import Collector
+from collector.sources import Alignment
 from collector.spool import Spool, list_files
 from planner.plan import build_plan
 from planner.query import parse_queries
@@ -178,3 +183,139 @@ def test_an_engine_a_little_behind_another_loses_nothing(tmp_path):
     for node in {node for node, _ in counts}:
         assert {w: n for (x, w), n in counts.items() if x == node} == truth
 
+
+
+def shifted(path, out, seconds: int):
+    """A copy of a little-endian microsecond pcap with every record ``seconds`` later."""
+    data = bytearray(path.read_bytes())
+    pos = 24
+    while pos < len(data):
+        sec, _, caplen, _ = struct.unpack_from("<IIII", data, pos)
+        struct.pack_into("<I", data, pos, sec + seconds)
+        pos += 16 + caplen
+    out.write_bytes(bytes(data))
+    return out
+
+
+@pytest.mark.parametrize(("shift", "batch"), [(6, 64), (6, 4096), (3600, 64)])
+def test_files_read_with_their_own_times_keep_in_step(tmp_path, shift, batch):
+    """Two files read once, with their own times, by one daemon: the second holds the first's
+    packets ``shift`` seconds later (two taps of one link, or a capture of the hour after).
+    Read freely, whichever ran ahead would close windows in Spark before the other's tuples
+    of them came (six late rows in the overlapping case). Aligned, no row comes late and
+    every window holds both files' packets; a batch of the whole file (4096) is split where
+    the other source's next packet says."""
+    a, recs = spread(tmp_path, "ok.pcap", 0.01)  # 851 packets over 8.5 s
+    b = shifted(a, tmp_path / "later.pcap", shift)
+    queries = tmp_path / "q.sql"
+    queries.write_text(f"SELECT time/{PERIOD} AS t, count(*) AS n FROM packets "
+                       f"GROUP BY time/{PERIOD}")
+    sources = [SourceConfig(type="pcap", name=n, path=str(p), loop=False, restamp=False)
+               for n, p in (("a", a), ("b", b))]
+    c = Collector(load_settings(var_dir=tmp_path / "var", initial_queries=str(queries),
+                                sources=sources, batch_size=batch, spark={"trigger_s": 0.2}))
+    c.start(with_sources=True, with_spark=False)
+    try:
+        deadline = time.monotonic() + 60
+        while any(c.source_state.get(n) != "finished" for n in "ab") and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.source_state == {"a": "finished", "b": "finished"}
+    finally:
+        c.stop()
+    counts, late, _ = spark_view(c.settings.spool_dir / "packets" / str(PERIOD), PERIOD)
+    assert late == 0
+    truth = Counter(int(ts) // PERIOD * PERIOD for ts, _, _ in recs)
+    truth.update(Counter(int(ts + shift) // PERIOD * PERIOD for ts, _, _ in recs))
+    assert Counter({w: n for (_, w), n in counts.items()}) == truth
+
+
+def raw_at(*seconds: float) -> RawBatch:
+    """A batch of empty records at these times."""
+    n = len(seconds)
+    return RawBatch(np.zeros(1, np.uint8), np.zeros(n, np.int64), np.zeros(n, np.int32),
+                    np.zeros(n, np.int32), (np.array(seconds) * 1e9).astype(np.int64),
+                    np.ones(n, np.int32), np.zeros(n, np.int32))
+
+
+def test_aligned_sources_advance_together_and_release_each_other():
+    """The aligner's rules without a daemon: a source goes as far as the other's next record
+    plus the slack; the one behind always can; one that idles, leaves or is stopped holds
+    nobody back."""
+    al = Alignment(1.0)
+    al.join("a")
+    al.join("b")
+    stop = threading.Event()
+    assert al.bound("a") == float("-inf")  # b's next record is not known yet
+    got: list[tuple[str, list[float]]] = []
+
+    def run(name, raw):
+        for piece in al.pieces(name, raw, stop):
+            got.append((name, [t / 1e9 for t in piece.ts_ns.tolist()]))
+        al.leave(name)
+    ta = threading.Thread(target=run, args=("a", raw_at(10, 11, 12, 13, 14)))
+    ta.start()
+    time.sleep(0.3)
+    assert got == []  # a waits for b's first record
+    tb = threading.Thread(target=run, args=("b", raw_at(11.5, 12.5)))
+    tb.start()
+    ta.join(5)
+    tb.join(5)
+    assert not ta.is_alive() and not tb.is_alive()
+    # a up to b's 11.5 + 1; b up to a's 13 + 1; a's rest once b is done
+    assert got == [("a", [10, 11, 12]), ("b", [11.5, 12.5]), ("a", [13, 14])]
+    al.join("c")
+    al.idle("c")  # a followed file at its end
+    assert al.bound("a") == float("inf")
+    al.join("d")
+    stop.set()  # d never reports: a stop ends the wait
+    assert list(al.pieces("a", raw_at(20), stop)) == []
+
+
+def test_a_file_stopped_inside_its_batch_resumes_after_what_it_handed_over(tmp_path,
+                                                                          monkeypatch):
+    """Files in step hand their engines pieces of a batch (here each file is one batch of
+    4096). The daemon stops while one file waits for the other in the middle of its batch,
+    and starts again: each file resumes after the records it handed over, so every packet is
+    counted once, and none late."""
+    a, recs = spread(tmp_path, "ok.pcap", 0.01)
+    b = shifted(a, tmp_path / "later.pcap", 2)
+    queries = tmp_path / "q.sql"
+    queries.write_text(f"SELECT time/{PERIOD} AS t, count(*) AS n FROM packets "
+                       f"GROUP BY time/{PERIOD}")
+    sources = [SourceConfig(type="pcap", name=n, path=str(p), loop=False, restamp=False)
+               for n, p in (("a", a), ("b", b))]
+    settings = load_settings(var_dir=tmp_path / "var", initial_queries=str(queries),
+                             sources=sources, batch_size=4096,
+                             spark={"trigger_s": 0.2}, spool={"commit_s": 0.01})
+    real, calls = Engine.process, []
+
+    def slow_a(self, raw, source=None, *args, **kw):
+        if source == "a":
+            time.sleep(0.2)
+        calls.append((source, len(raw)))
+        return real(self, raw, source, *args, **kw)
+    monkeypatch.setattr(Engine, "process", slow_a)
+    c = Collector(settings)
+    c.start(with_sources=True, with_spark=False)
+    deadline = time.monotonic() + 60
+    while sum(s == "b" for s, _ in calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    c.stop()
+    handed = {n: sum(k for s, k in calls if s == n) for n in "ab"}
+    assert 0 < handed["b"] < len(recs)  # b stopped inside its one batch
+    monkeypatch.setattr(Engine, "process", real)
+    c = Collector(settings)
+    c.start(with_sources=True, with_spark=False)
+    try:
+        while any(c.source_state.get(n) != "finished" for n in "ab") and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.source_state == {"a": "finished", "b": "finished"}
+    finally:
+        c.stop()
+    counts, late, _ = spark_view(settings.spool_dir / "packets" / str(PERIOD), PERIOD)
+    assert late == 0
+    truth = Counter(int(ts) // PERIOD * PERIOD for ts, _, _ in recs)
+    truth.update(Counter(int(ts + 2) // PERIOD * PERIOD for ts, _, _ in recs))
+    assert Counter({w: n for (_, w), n in counts.items()}) == truth
