@@ -214,6 +214,12 @@ def test_files_read_with_their_own_times_keep_in_step(tmp_path, shift, batch):
                for n, p in (("a", a), ("b", b))]
     c = Collector(load_settings(var_dir=tmp_path / "var", initial_queries=str(queries),
                                 sources=sources, batch_size=batch, spark={"trigger_s": 0.2}))
+    run_to_end(c)
+    assert_in_step(c.settings.spool_dir, recs, shift)
+
+
+def run_to_end(c: Collector) -> None:
+    """Start the daemon without Spark and stop it when sources a and b have finished."""
     c.start(with_sources=True, with_spark=False)
     try:
         deadline = time.monotonic() + 60
@@ -223,7 +229,12 @@ def test_files_read_with_their_own_times_keep_in_step(tmp_path, shift, batch):
         assert c.source_state == {"a": "finished", "b": "finished"}
     finally:
         c.stop()
-    counts, late, _ = spark_view(c.settings.spool_dir / "packets" / str(PERIOD), PERIOD)
+
+
+def assert_in_step(spool_dir, recs, shift: int) -> None:
+    """No row late, and every window holds the packets of both files (the second one's
+    ``shift`` seconds later), as dpkt reads them."""
+    counts, late, _ = spark_view(spool_dir / "packets" / str(PERIOD), PERIOD)
     assert late == 0
     truth = Counter(int(ts) // PERIOD * PERIOD for ts, _, _ in recs)
     truth.update(Counter(int(ts + shift) // PERIOD * PERIOD for ts, _, _ in recs))
@@ -305,17 +316,5 @@ def test_a_file_stopped_inside_its_batch_resumes_after_what_it_handed_over(tmp_p
     handed = {n: sum(k for s, k in calls if s == n) for n in "ab"}
     assert 0 < handed["b"] < len(recs)  # b stopped inside its one batch
     monkeypatch.setattr(Engine, "process", real)
-    c = Collector(settings)
-    c.start(with_sources=True, with_spark=False)
-    try:
-        while any(c.source_state.get(n) != "finished" for n in "ab") and \
-                time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert c.source_state == {"a": "finished", "b": "finished"}
-    finally:
-        c.stop()
-    counts, late, _ = spark_view(settings.spool_dir / "packets" / str(PERIOD), PERIOD)
-    assert late == 0
-    truth = Counter(int(ts) // PERIOD * PERIOD for ts, _, _ in recs)
-    truth.update(Counter(int(ts + 2) // PERIOD * PERIOD for ts, _, _ in recs))
-    assert Counter({w: n for (_, w), n in counts.items()}) == truth
+    run_to_end(Collector(settings))
+    assert_in_step(settings.spool_dir, recs, 2)
