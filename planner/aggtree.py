@@ -186,6 +186,39 @@ def steiner(nodes: Sequence[AggNode], terminals: Iterable[AggNode], size: SizeFn
     return parent
 
 
+def tightened(parent: dict[AggNode, AggNode], terminals: Iterable[AggNode]
+              ) -> dict[AggNode, AggNode]:
+    """The tree with each shared node cut down to what the nodes below it read: the union of
+    their attributes and filters (the random unions Algorithm 1 adds may carry attributes and
+    slots no query under them needs, which cost a wider key, more tuples and, with a string
+    attribute, an LFTA that passes every tuple through). A node left serving one node is
+    dropped, that node taking its place; a query's node stays as it is."""
+    kids: dict[AggNode, list[AggNode]] = {}
+    for v, p in parent.items():
+        kids.setdefault(p, []).append(v)
+    queries = set(terminals)
+    out: dict[AggNode, AggNode] = {}
+
+    def build(v: AggNode) -> list[AggNode]:
+        """The nodes that stand for v's subtree (attached to v's parent by the caller)."""
+        below = [n for c in sorted(kids.get(v, ())) for n in build(c)]
+        if v in queries:
+            top = v
+        elif len(below) <= 1:
+            return below
+        else:
+            top = AggNode(frozenset().union(*(n.keys for n in below)),
+                          frozenset().union(*(n.slots for n in below)))
+        for n in below:
+            if n != top:
+                out[n] = top
+        return [top]
+    for c in sorted(kids.get(ROOT, ())):
+        for n in build(c):
+            out[n] = ROOT
+    return out
+
+
 def _attach(parent, in_tree, prev, src, dst) -> None:
     """Add the cheapest path src → dst to the tree (nodes already in it keep their parent)."""
     path = [dst]
@@ -233,6 +266,10 @@ def randomized(queries: dict[int, AggNode], size: SizeFn, hash_cost: HashCostFn,
         parent = steiner(sorted(keep | extra), terminals, size, hash_cost, out_cost,
                          stream_size)
         cost = tree_cost(parent, size, hash_cost, out_cost, stream_size)
+        tight = tightened(parent, terminals)
+        tight_cost = tree_cost(tight, size, hash_cost, out_cost, stream_size)
+        if tight_cost < cost:
+            parent, cost = tight, tight_cost
         if cost < best.cost - 1e-9:
             best = AggTree(parent, cost, dict(queries))
         keep = set(best.parent) | set(terminals)

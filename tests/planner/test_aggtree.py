@@ -9,7 +9,15 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.aggtree import ROOT, AggNode, naive_tree, randomized, steiner, tree_cost
+from planner.aggtree import (
+    ROOT,
+    AggNode,
+    naive_tree,
+    randomized,
+    steiner,
+    tightened,
+    tree_cost,
+)
 
 
 def node(keys: str, slots) -> AggNode:
@@ -168,3 +176,29 @@ def test_nodes_sort_in_one_order_whatever_the_input_order():
              ((("src_ip",), (1,)), (("dst_ip",), (2,)), (("dst_ip", "src_ip"), (1, 2)),
               (("dns_qname",), (3,)), ((), (4,)), (("src_ip",), (2,)))] + [ROOT]
     assert sorted(nodes) == sorted(nodes[3:] + nodes[:3]) == sorted(nodes[5:] + nodes[:5])
+
+
+def test_a_tree_keeps_only_what_its_queries_read():
+    """A shared node the random unions made wider than the queries below it read (an extra
+    attribute D, a string in the attack bench's case; slots 2 and 3 of queries answered
+    elsewhere) is cut to the union of its children; a shared node left with one child gives
+    way to it; a query's own node is kept whole. By hand, with sz = 10 per attribute, C_H =
+    attributes hashed and N = 1000: the wide tree costs 1000·4 (ABCD) + 2 · 40·2 (AB, AC from
+    it) + 1000·1 (D) + 1000·3 (ABE) + 30·1 (E from it) = 8190; the cut one 1000·3 (ABC) +
+    2 · 30·2 + 1000·1 (D) + 1000·1 (E) = 5120."""
+    ab, ac, d = node("AB", {0}), node("AC", {1}), node("D", {2})
+    wide = node("ABCD", {0, 1, 2, 3})
+    lone = node("ABE", {0, 4})  # a shared node with one child left
+    e = node("E", {4})
+    parent = {wide: ROOT, ab: wide, ac: wide, d: ROOT, lone: ROOT, e: lone}
+    tight = tightened(parent, [ab, ac, d, e])
+    abc = node("ABC", {0, 1})
+    assert tight == {abc: ROOT, ab: abc, ac: abc, d: ROOT, e: ROOT}
+
+    def size(v):
+        return 1000 if v.root else 10 * len(v.keys)
+
+    def hash_cost(v):
+        return len(v.keys)
+    assert tree_cost(parent, size, hash_cost) == 8190
+    assert tree_cost(tight, size, hash_cost) == 5120
