@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -26,6 +25,7 @@ from collector.metrics import Metrics
 from collector.results import Resolve, prune_rows
 from collector.sampling import TupleSampler
 from collector.selectivity import SelectivityMeter
+from collector.sources import ahead
 from collector.spool import MemorySpool, Spool, list_files, read_spool_file
 from planner.plan import Plan, build_plan
 from planner.query import Query
@@ -58,46 +58,6 @@ def _inputs(capture, stream: str, batch_size: int, flow_ports, decoder: Decoder 
     if stream == "packets":
         return open_capture(capture, batch_size)
     return capture_flows(capture, flow_ports, decoder or Decoder())
-
-
-def ahead(items: Iterable, prepare: Callable, depth: int = 2):
-    """``(item, prepare(item))`` of ``items``, read and prepared on a thread of their own up to
-    ``depth`` items ahead of the consumer: a capture's next batches are read and unpacked
-    (numba, without the GIL) on the second core while the engine prefilters and aggregates
-    this one. The reader's exception comes out in its place; a consumer that stops early
-    stops the reader."""
-    import queue
-    q: queue.Queue = queue.Queue(depth)
-    stop = threading.Event()
-    end = object()
-
-    def put(x) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(x, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def read() -> None:
-        try:
-            for item in items:
-                if not put((item, prepare(item))):
-                    return
-            put(end)
-        except BaseException as e:  # noqa: BLE001 - raised again in the consumer
-            put(e)
-    t = threading.Thread(target=read, name="replay-reader", daemon=True)
-    t.start()
-    try:
-        while (x := q.get()) is not end:
-            if isinstance(x, BaseException):
-                raise x
-            yield x
-    finally:
-        stop.set()
-        t.join()
 
 
 def measured_plan(capture, queries: list[Query], plan: Plan, spool: Spool, settings: Settings,

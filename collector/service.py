@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pyarrow as pa
@@ -31,7 +32,7 @@ from collector.registry import Registry, planned
 from collector.results import clear_results, read_results
 from collector.sampling import TupleSampler
 from collector.selectivity import SelectivityMeter
-from collector.sources import Alignment, PcapFileSource, Source, make_source
+from collector.sources import Alignment, PcapFileSource, Source, ahead, make_source
 from collector.spool import Spool
 from planner.plan import Plan, build_plan
 from planner.query import Query, parse_queries, parse_single
@@ -222,21 +223,25 @@ class Collector:
             isinstance(src, PcapFileSource) and not src.restamp else None
         try:
             durable = engine.checkpoint is not None
-            for raw in src.batches(self._stop):
-                if raw is None:  # waiting, with everything read processed
-                    self._waited_at[src.name] = time.time()
-                    if align is not None:
-                        align.idle(src.name)
-                elif len(raw) and align is not None:  # in step with the other files
-                    left = len(raw)
-                    for piece in align.pieces(src.name, raw, self._stop,
-                                              self.metrics.align_wait.labels(src.name).inc):
-                        left -= len(piece)
-                        engine.process(piece, src.name, src.position(left) if durable else None)
-                elif len(raw):
-                    engine.process(raw, src.name, src.position() if durable else None)
-                if hasattr(src, "decoder"):
-                    self._flow_counters(src)
+            with closing(self._batches(src, engine, durable, align is None)) as batches:
+                for raw, (tuples, position) in batches:
+                    if self._stop.is_set():  # what was read ahead is read again next time
+                        break
+                    if raw is None:  # waiting, with everything read processed
+                        self._waited_at[src.name] = time.time()
+                        if align is not None:
+                            align.idle(src.name)
+                    elif len(raw) and align is not None:  # in step with the other files
+                        left = len(raw)
+                        for piece in align.pieces(src.name, raw, self._stop,
+                                                  self.metrics.align_wait.labels(src.name).inc):
+                            left -= len(piece)
+                            engine.process(piece, src.name,
+                                           src.position(left) if durable else None)
+                    elif len(raw):
+                        engine.process(raw, src.name, position, tuples)
+                    if hasattr(src, "decoder"):
+                        self._flow_counters(src)
             if durable and self._stop.is_set():
                 engine.commit(force=True)  # stopped, not at its end: resume here next time
                 return
@@ -255,6 +260,22 @@ class Collector:
         finally:
             if align is not None:
                 align.leave(src.name)
+
+    def _batches(self, src, engine: Engine, durable: bool, read_ahead: bool):
+        """``(raw, (tuples, position))`` of a source: where it is once the batch is read (a
+        durable source's), and, read ahead, its tuples unpacked on a thread of their own
+        while the engine prefilters and aggregates the batch before (``sources.ahead``). A
+        followed file reads in step with its engine (the time it caught up at must mean every
+        record was processed), a flow listener decodes as it receives, and files in step with
+        others hand over pieces of their batches: those read only when the engine asks."""
+        def prepare(raw):
+            return (engine.prepare(raw) if raw is not None and len(raw) else None,
+                    src.position() if durable else None)
+        if read_ahead and not getattr(src, "follow", False) and not hasattr(src, "decoder"):
+            yield from ahead(src.batches(self._stop), prepare)
+            return
+        for raw in src.batches(self._stop):
+            yield raw, (None, src.position() if durable and raw is not None else None)
 
     def _finish(self, engine: Engine) -> None:
         """A source ended: its engine flushes its partials; the last engine of a stream to end

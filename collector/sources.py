@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -131,6 +132,45 @@ class PcapFileSource:
             if not self.loop:
                 return
             self.records, self._shift = 0, None
+
+
+def ahead(items: Iterable, prepare: Callable, depth: int = 2):
+    """``(item, prepare(item))`` of ``items``, read and prepared on a thread of their own up to
+    ``depth`` items ahead of the consumer: a capture's next batches are read and unpacked
+    (numba, without the GIL) on the second core while the engine prefilters and aggregates
+    this one. The reader's exception comes out in its place; a consumer that stops early
+    stops the reader."""
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    end = object()
+
+    def put(x) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(x, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for item in items:
+                if not put((item, prepare(item))):
+                    return
+            put(end)
+        except BaseException as e:  # noqa: BLE001 - raised again in the consumer
+            put(e)
+    t = threading.Thread(target=read, name="replay-reader", daemon=True)
+    t.start()
+    try:
+        while (x := q.get()) is not end:
+            if isinstance(x, BaseException):
+                raise x
+            yield x
+    finally:
+        stop.set()
+        t.join()
 
 
 class Alignment:

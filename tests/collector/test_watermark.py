@@ -318,3 +318,51 @@ def test_a_file_stopped_inside_its_batch_resumes_after_what_it_handed_over(tmp_p
     monkeypatch.setattr(Engine, "process", real)
     run_to_end(Collector(settings))
     assert_in_step(settings.spool_dir, recs, 2)
+
+
+def test_a_file_read_ahead_resumes_after_what_its_engine_processed(tmp_path, monkeypatch):
+    """A file read once alone is read ahead of its engine (the next batches unpacked on a
+    thread of their own). Stopped while batches read ahead wait, the daemon starts again
+    after the last batch its engine processed, not after what was read: every packet once."""
+    a, recs = spread(tmp_path, "ok.pcap", 0.01)
+    queries = tmp_path / "q.sql"
+    queries.write_text(f"SELECT time/{PERIOD} AS t, count(*) AS n FROM packets "
+                       f"GROUP BY time/{PERIOD}")
+    settings = load_settings(var_dir=tmp_path / "var", initial_queries=str(queries),
+                             sources=[SourceConfig(type="pcap", name="a", path=str(a),
+                                                   loop=False, restamp=False)],
+                             batch_size=64, spark={"trigger_s": 0.2},
+                             spool={"commit_s": 0.01})
+    real, calls, read = Engine.process, [], []
+    prepare = Engine.prepare
+
+    def slow(self, raw, *args, **kw):
+        time.sleep(0.1)
+        calls.append(len(raw))
+        return real(self, raw, *args, **kw)
+
+    def reading(self, raw):
+        read.append(len(raw))
+        return prepare(self, raw)
+    monkeypatch.setattr(Engine, "process", slow)
+    monkeypatch.setattr(Engine, "prepare", reading)
+    c = Collector(settings)
+    c.start(with_sources=True, with_spark=False)
+    deadline = time.monotonic() + 60
+    while len(calls) < 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    c.stop()
+    assert sum(read) > sum(calls)  # batches were read ahead of the engine when it stopped
+    monkeypatch.setattr(Engine, "process", real)
+    c = Collector(settings)
+    c.start(with_sources=True, with_spark=False)
+    try:
+        while c.source_state.get("a") != "finished" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.source_state == {"a": "finished"}
+    finally:
+        c.stop()
+    counts, late, _ = spark_view(settings.spool_dir / "packets" / str(PERIOD), PERIOD)
+    assert late == 0
+    truth = Counter(int(ts) // PERIOD * PERIOD for ts, _, _ in recs)
+    assert Counter({w: n for (_, w), n in counts.items()}) == truth
