@@ -189,7 +189,7 @@ class Alignment:
 
     def __init__(self, slack_s: float):
         self.slack_ns = int(slack_s * 1e9)
-        self._next: dict[str, float] = {}  # name -> its next record's time (ns)
+        self._next: dict[str, int | float] = {}  # name -> its next record's time (ns; ±inf)
         self._cv = threading.Condition()
 
     def join(self, name: str) -> None:
@@ -202,17 +202,17 @@ class Alignment:
 
     leave = idle  # the source ended
 
-    def _set(self, name: str, t: float) -> None:
+    def _set(self, name: str, t: int | float) -> None:
         with self._cv:
             self._next[name] = t
             self._cv.notify_all()
 
-    def bound(self, name: str) -> float:
-        """The latest time source ``name`` may hand over now (ns)."""
+    def bound(self, name: str) -> int | float:
+        """The latest time source ``name`` may hand over now (ns; ±inf)."""
         with self._cv:
             return self._bound(name)
 
-    def _bound(self, name: str) -> float:
+    def _bound(self, name: str) -> int | float:
         return min((t for n, t in self._next.items() if n != name),
                    default=float("inf")) + self.slack_ns
 
@@ -226,10 +226,12 @@ class Alignment:
             due = np.maximum.accumulate(ts)
             t0 = time.monotonic()
             with self._cv:
-                self._next[name] = float(ts[0])
+                self._next[name] = int(ts[0])  # exact: a float loses nanoseconds
                 self._cv.notify_all()
                 while not stop.is_set():
-                    end = int(np.searchsorted(due, self._bound(name), side="right"))
+                    b = self._bound(name)
+                    end = 0 if b == float("-inf") else len(due) if b == float("inf") else \
+                        int(np.searchsorted(due, b, side="right"))
                     if end:
                         break
                     self._cv.wait(0.2)
@@ -240,7 +242,7 @@ class Alignment:
             yield raw.slice(pos, pos + end)
             pos += end
         if len(raw):  # the next record follows this batch's last in the file
-            self._set(name, float(raw.ts_ns[-1]))
+            self._set(name, int(raw.ts_ns[-1]))
 
 
 class InterfaceSource:

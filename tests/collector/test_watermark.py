@@ -366,3 +366,27 @@ def test_a_file_read_ahead_resumes_after_what_its_engine_processed(tmp_path, mon
     assert late == 0
     truth = Counter(int(ts) // PERIOD * PERIOD for ts, _, _ in recs)
     assert Counter({w: n for (_, w), n in counts.items()}) == truth
+
+
+def test_files_at_the_same_nanosecond_both_go_on_without_slack():
+    """Times are compared exactly (a float of epoch nanoseconds loses the last ones): two
+    sources whose next records share one nanosecond both go on, with no slack at all."""
+    al = Alignment(0.0)
+    al.join("a")
+    al.join("b")
+    stop = threading.Event()
+    t = 1_700_000_000_123_456_789
+    got: dict[str, int] = {}
+
+    def run(name):
+        raw = raw_at(0, 0)
+        raw.ts_ns[:] = t
+        got[name] = sum(len(p) for p in al.pieces(name, raw, stop))
+        al.leave(name)
+    threads = [threading.Thread(target=run, args=(n,)) for n in "ab"]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(5)
+    stop.set()
+    assert got == {"a": 2, "b": 2}
