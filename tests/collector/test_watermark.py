@@ -301,12 +301,12 @@ def test_a_file_stopped_inside_its_batch_resumes_after_what_it_handed_over(tmp_p
                              spark={"trigger_s": 0.2}, spool={"commit_s": 0.01})
     real, calls = Engine.process, []
 
-    def slow_a(self, raw, source=None, *args, **kw):
-        if source == "a":
-            time.sleep(0.2)
+    def stalled_a(self, raw, source=None, *args, **kw):
+        if source == "a" and sum(x == "a" for x, _ in calls) >= 3:
+            c._stop.wait(60)  # a's fourth piece waits for the stop: b can go no further
         calls.append((source, len(raw)))
         return real(self, raw, source, *args, **kw)
-    monkeypatch.setattr(Engine, "process", slow_a)
+    monkeypatch.setattr(Engine, "process", stalled_a)
     c = Collector(settings)
     c.start(with_sources=True, with_spark=False)
     deadline = time.monotonic() + 60
@@ -336,20 +336,21 @@ def test_a_file_read_ahead_resumes_after_what_its_engine_processed(tmp_path, mon
     real, calls, read = Engine.process, [], []
     prepare = Engine.prepare
 
-    def slow(self, raw, *args, **kw):
-        time.sleep(0.1)
+    def stalled(self, raw, *args, **kw):
+        if len(calls) >= 3:
+            c._stop.wait(60)  # the fourth batch waits for the stop while the reader goes on
         calls.append(len(raw))
         return real(self, raw, *args, **kw)
 
     def reading(self, raw):
         read.append(len(raw))
         return prepare(self, raw)
-    monkeypatch.setattr(Engine, "process", slow)
+    monkeypatch.setattr(Engine, "process", stalled)
     monkeypatch.setattr(Engine, "prepare", reading)
     c = Collector(settings)
     c.start(with_sources=True, with_spark=False)
     deadline = time.monotonic() + 60
-    while len(calls) < 4 and time.monotonic() < deadline:
+    while len(read) < 6 and time.monotonic() < deadline:  # three read ahead of the fourth
         time.sleep(0.02)
     c.stop()
     assert sum(read) > sum(calls)  # batches were read ahead of the engine when it stopped
