@@ -28,7 +28,7 @@ from collector import functions
 from collector.asc_runtime import AscRuntime
 from collector.config import AscConfig, LftaConfig, OmConfig, ResidualConfig
 from collector.durability import Checkpoint
-from collector.lfta import NodeTable, Partials, PartialTable
+from collector.lfta import BatchColumns, NodeTable, Partials, PartialTable
 from collector.metrics import Metrics
 from collector.prefilter import CompiledPrefilter, compile_prefilter, run_prefilter
 from collector.residual import Residual, ValueCache
@@ -417,13 +417,18 @@ class Engine:
         if self.sampler is not None and c.agg_slots:
             self.sampler.observe(self.stream, *sub, c.keys, c.agg_slots)
         now = time.monotonic_ns()
+        cols = BatchColumns(tb)  # each column the tables read, made once for all of them
+        for fp in c.folders:
+            for t in fp.tables if fp.period is not None else ():
+                if t.table is not None:
+                    t.need(cols)
         for fp in c.folders:
             if fp.period is None:
                 self._write(fp, self._select_rows(c, fp, *sub))
                 continue
             parts = []
             for t in fp.tables:
-                parts += t.add(tb, Q, now, c.plan.version, self.probe)
+                parts += t.add(tb, Q, now, c.plan.version, self.probe, cols)
             self._write(fp, self._concat(self._closing(c, fp, parts)))
         self._rounds(c, tb)
         self._close_windows(c, now)

@@ -43,16 +43,29 @@ I64_MIN = np.iinfo(np.int64).min
 FLUSH_REASONS = ("full", "window", "age", "shutdown")
 
 
+# odd 64-bit constants (splitmix64's, murmur3's, xxhash's and wyhash's): a key's words are
+# multiplied by them independently, so the hash of a key of several words costs one
+# multiplication's latency and a finaliser, not a chain of one mix per word
+_WORD_MULT = np.array([
+    0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
+    0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, 0x27D4EB2F165667C5, 0x94D049BB133111EB,
+    0xBF58476D1CE4E5B9, 0x2545F4914F6CDD1D, 0x9FB21C651E98DF25, 0xA0761D6478BD642F,
+    0xE7037ED1A0B428DB, 0x8EBC6AF09C88C6E3, 0x589965CC75374CC3, 0x1D8E4E27C47D124F],
+    np.uint64)
+
+
 @nb.njit(cache=True, nogil=True, inline="always")
 def _hash(keys, i):
-    """A 64-bit mix of row ``i``'s key words (splitmix64 finaliser per word)."""
-    h = np.uint64(0x9E3779B97F4A7C15)
+    """A 64-bit hash of row ``i``'s key words: the sum of each word times its own odd
+    constant, through splitmix64's finaliser (which brings the high bits to the low ones the
+    slot is taken from). About half the cost per tuple of mixing word by word, which is a
+    chain of two multiplications per word."""
+    h = np.uint64(0)
     for k in range(keys.shape[1]):
-        x = h ^ np.uint64(keys[i, k])
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        h = x ^ (x >> np.uint64(31))
-    return h
+        h += np.uint64(keys[i, k]) * _WORD_MULT[k & 15]
+    h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return h ^ (h >> np.uint64(31))
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -122,18 +135,39 @@ def merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, 
     return keys.shape[0], n_used
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def _put_tuple(t_cnt, t_sum, t_min, t_max, slot, held, meas, meas_idx, i):
+    """``_put`` of tuple ``i`` as a partial of one, its measures read from the batch's measure
+    rows ``meas_idx``."""
+    if held:
+        t_cnt[slot] += 1
+        for m in range(meas_idx.shape[0]):
+            v = meas[meas_idx[m], i]
+            t_sum[slot, m] += max(v, 0)
+            if 0 <= v < t_min[slot, m]:
+                t_min[slot, m] = v
+            if v > t_max[slot, m]:
+                t_max[slot, m] = v
+    else:
+        t_cnt[slot] = 1
+        for m in range(meas_idx.shape[0]):
+            v = meas[meas_idx[m], i]
+            t_sum[slot, m] = max(v, 0)
+            t_min[slot, m] = v if v >= 0 else I64_MAX
+            t_max[slot, m] = v
+
+
 @nb.njit(cache=True, nogil=True)
 def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, mask, time,
-                 period, ints, ips, ip_ok, kinds, meas, start):
+                 period, ints, ips, kinds, idx, meas, meas_idx, start):
     """Merge a batch's tuples ``start…`` into the table as partials of one, building each
     tuple's key on the fly (``NodeTable``'s layout: window start, the key fields in order —
-    ``kinds[k]`` 0: the next row of ``ints``, 1: the next address of ``ips``/``ip_ok`` as
-    validity and two big-endian halves — then the query-bit pattern ``Q[i] & mask``). Tuples
-    whose pattern is empty are not the node's. Stops before a tuple that would make the table
-    hold more than ``limit`` entries. Returns (next tuple, entries, tuples merged, earliest
-    window start merged)."""
+    ``kinds[k]`` 0: row ``idx[k]`` of ``ints``, 1: the three words of address ``idx[k]`` of
+    ``ips`` (validity and two big-endian halves, ``BatchColumns``) — then the query-bit
+    pattern ``Q[i] & mask``). Tuples whose pattern is empty are not the node's. Stops before a
+    tuple that would make the table hold more than ``limit`` entries. Returns (next tuple,
+    entries, tuples merged, earliest window start merged)."""
     words = Q.shape[1]
-    meas_t = meas.T  # (tuples, measures): each tuple its own sum, min and max
     key = np.empty((1, t_keys.shape[1]), np.int64)
     merged = 0
     first = I64_MAX
@@ -149,23 +183,14 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
             ws = (time[i] // period) * period
             end = ws + period
         key[0, 0] = ws
-        c, a, b = 1, 0, 0
+        c = 1
         for k in range(kinds.shape[0]):
             if kinds[k] == 0:
-                key[0, c] = ints[a, i]
-                a += 1
+                key[0, c] = ints[idx[k], i]
                 c += 1
             else:
-                hi = np.int64(0)
-                lo = np.int64(0)
-                if ip_ok[b, i]:
-                    for j in range(8):
-                        hi = (hi << np.int64(8)) | np.int64(ips[b, i, j])
-                        lo = (lo << np.int64(8)) | np.int64(ips[b, i, 8 + j])
-                key[0, c] = np.int64(ip_ok[b, i])
-                key[0, c + 1] = hi
-                key[0, c + 2] = lo
-                b += 1
+                for j in range(3):
+                    key[0, c + j] = ips[idx[k], i, j]
                 c += 3
         for w in range(words):
             key[0, c + w] = np.int64(Q[i, w] & mask[w])
@@ -175,11 +200,56 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
                 return i, n_used, merged, first
             _claim(t_keys, t_used, slot, key, 0)
             n_used += 1
-        _put(t_cnt, t_sum, t_min, t_max, slot, held, 1, meas_t, meas_t, meas_t, i)
+        _put_tuple(t_cnt, t_sum, t_min, t_max, slot, held, meas, meas_idx, i)
         merged += 1
         if ws < first:
             first = ws
     return Q.shape[0], n_used, merged, first
+
+
+class BatchColumns:
+    """A batch's key and measure columns as ``merge_tuples`` reads them, made once per batch
+    for every node that reads them: integer fields as rows of int64, addresses as (validity,
+    high half, low half) int64 words (zero when the packet has no such address), the window
+    clock in seconds. The engine has ``need`` make the rows of every node of the batch in one
+    go (a node asking for one more adds it)."""
+
+    def __init__(self, tb):
+        self.tb = tb
+        self.time = tb.time
+        self._ints: dict[str, int] = {}
+        self._ips: dict[str, int] = {}
+        self.ints = np.zeros((0, len(tb)), np.int64)
+        self.ips = np.zeros((0, len(tb), 3), np.int64)
+
+    def need(self, ints, ips) -> None:
+        """Make the rows of integer fields ``ints`` and address fields ``ips`` not made yet."""
+        tb, n = self.tb, len(self.tb)
+        new = [f for f in dict.fromkeys(ints) if f not in self._ints]
+        if new:
+            add = np.empty((len(new), n), np.int64)
+            for r, f in enumerate(new):
+                add[r] = tb.column(f)
+                self._ints[f] = len(self._ints)
+            self.ints = np.concatenate([self.ints, add]) if len(self.ints) else add
+        new = [f for f in dict.fromkeys(ips) if f not in self._ips]
+        if new:
+            add = np.zeros((len(new), n, 3), np.int64)
+            for r, f in enumerate(new):
+                ok = tb.ip_valid(f)
+                words = np.ascontiguousarray(tb.column(f)).view(">u8")  # (n, 2) big-endian
+                add[r, :, 0] = ok
+                np.multiply(words, ok[:, None], out=add[r, :, 1:], casting="unsafe")
+                self._ips[f] = len(self._ips)
+            self.ips = np.concatenate([self.ips, add]) if len(self.ips) else add
+
+    def rows(self, names, kinds) -> np.ndarray:
+        """Where each key field's row is (in ``ints`` or ``ips`` by its kind)."""
+        return np.array([self._ips[f] if kind == IP else self._ints[f]
+                         for f, kind in zip(names, kinds, strict=True)], np.int64)
+
+    def index(self, f: str) -> int:
+        return self._ints[f]
 
 
 def measure_arrays(meas: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -356,7 +426,7 @@ class PartialTable:
         self.stats.rows_in += len(rows)
         return out
 
-    def merge_batch(self, Q, mask, time, period, ints, ips, ip_ok, kinds, meas,
+    def merge_batch(self, Q, mask, time, period, ints, ips, kinds, idx, meas_idx,
                     now_ns: int | None = None) -> list[Partials]:
         """Merge a batch's tuples straight from its columns (``merge_tuples``); returns what
         had to be flushed because the table filled up, as ``merge`` does."""
@@ -365,8 +435,8 @@ class PartialTable:
         while pos < n:
             pos, self.n_used, merged, first = merge_tuples(
                 self.t_keys, self.t_used, self.t_cnt, self.t_sum, self.t_min, self.t_max,
-                self.n_used, self.limit, Q, mask, time, period, ints, ips, ip_ok, kinds, meas,
-                pos)
+                self.n_used, self.limit, Q, mask, time, period, ints, ips, kinds, idx, ints,
+                meas_idx, pos)
             if merged:
                 if self._oldest_ns is None:
                     self._oldest_ns = now_ns
@@ -565,15 +635,17 @@ class NodeTable:
             meas[:, m] = tb.column(name)[rows]
         return Partials.of_tuples(keys, meas), self.layout.strings_of(tb, rows)
 
-    def add(self, tb, Q: np.ndarray, now_ns: int, plan_version: int, probe: str
-            ) -> list[pa.Table]:
+    def add(self, tb, Q: np.ndarray, now_ns: int, plan_version: int, probe: str,
+            cols: BatchColumns | None = None) -> list[pa.Table]:
         """Take a batch's tuples; returns the spool rows due now (every tuple without a table,
-        what a full table flushed with one)."""
+        what a full table flushed with one). ``cols``: the batch's columns as other nodes of
+        it already made them."""
         if self.table is not None:
+            cols = cols or BatchColumns(tb)
             before = self.table.stats.rows_in
             out = [self.to_spool(p, plan_version, probe)
-                   for p in self.table.merge_batch(Q, self.mask, tb.time, self.period,
-                                                   *self._columns(tb), now_ns)]
+                   for p in self.table.merge_batch(Q, self.mask, cols.time, self.period,
+                                                   *self.columns(cols), now_ns)]
             self._round_node += self.table.stats.rows_in - before
             return out
         got = self.rows_of(tb, Q)
@@ -583,20 +655,19 @@ class NodeTable:
         self._round_node += len(rows)
         return [self.to_spool(rows, plan_version, probe, strings)]
 
-    def _columns(self, tb) -> tuple[np.ndarray, ...]:
-        """A batch's key and measure columns as ``merge_tuples`` reads them."""
-        n = len(tb)
-        ints, ips, ip_ok = [], [], []
-        for k, kind in zip(self.keys, self.layout.kinds, strict=True):
-            if kind == IP:
-                ips.append(tb.column(k))
-                ip_ok.append(tb.ip_valid(k))
-            else:
-                ints.append(tb.column(k))
-        return (np.array(ints, np.int64).reshape(len(ints), n),
-                np.array(ips, np.uint8).reshape(len(ips), n, 16),
-                np.array(ip_ok, np.bool_).reshape(len(ips), n), self._kinds,
-                np.array([tb.column(m) for m in self.measures], np.int64).reshape(-1, n))
+    def need(self, cols: BatchColumns) -> None:
+        """Have ``cols`` make the columns this node's table reads."""
+        kinds = self.layout.kinds
+        cols.need([k for k, kind in zip(self.keys, kinds, strict=True) if kind != IP]
+                  + self.measures,
+                  [k for k, kind in zip(self.keys, kinds, strict=True) if kind == IP])
+
+    def columns(self, cols: BatchColumns) -> tuple[np.ndarray, ...]:
+        """What ``merge_tuples`` reads of the batch for this node: ``cols``' integer rows,
+        address words, each key field's kind and row, and the rows of the measures."""
+        self.need(cols)
+        return (cols.ints, cols.ips, self._kinds, cols.rows(self.keys, self.layout.kinds),
+                np.array([cols.index(m) for m in self.measures], np.int64))
 
     def to_spool(self, p: Partials, plan_version: int, probe: str,
                  strings: pa.Array | None = None) -> pa.Table:

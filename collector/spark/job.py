@@ -220,35 +220,52 @@ def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None,
 
 
 BYPASS_PARTIAL = "spark.sql.execution.bypassPartialAggregation"
+# Spark's generated code for a plan: whole-stage code generation, and the code-generated
+# projections and predicates of each operator (its factory mode, an internal setting:
+# NO_CODEGEN interprets them)
+CODEGEN = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+# a batch merge of at most this many partial rows is interpreted: compiling the generated Java
+# (Janino, then the JIT) is much of a fresh JVM's first merge. On the backbone bench (17k rows
+# left after pruning) the JVM took 2.5-2.8 s of CPU interpreted, 2.9-3.6 s code-generated (3
+# runs each), on 2 cores shared with the reading. On the telemetry bench's 130k rows the
+# merge took 1.05-1.12 s interpreted, 0.71-0.79 s code-generated and warmed up while reading,
+# and the whole replay the same within noise; larger merges keep generated code.
+INTERPRET_MAX_ROWS = 150_000
 
 
 @contextlib.contextmanager
-def batch_merge(spark: SparkSession):
+def batch_merge(spark: SparkSession, interpreted: bool = False):
     """A batch merge aggregates after the shuffle only: the LFTA was the partial aggregation,
     so Spark's own before the shuffle finds almost every group once (0.5 s of 2.7 on the
-    telemetry benchmark's 1.2M rows). The session's setting is restored after."""
-    before = spark.conf.get(BYPASS_PARTIAL, None)
-    spark.conf.set(BYPASS_PARTIAL, "true")
+    telemetry benchmark's 1.2M rows). ``interpreted``: without generated code (a merge of few
+    rows, ``INTERPRET_MAX_ROWS``). The session's settings are restored after."""
+    sets = {BYPASS_PARTIAL: "true", **(CODEGEN if interpreted else {})}
+    before = {k: spark.conf.get(k, None) for k in sets}
+    for k, v in sets.items():
+        spark.conf.set(k, v)
     try:
         yield
     finally:
-        if before is None:
-            spark.conf.unset(BYPASS_PARTIAL)
-        else:
-            spark.conf.set(BYPASS_PARTIAL, before)
+        for k, v in before.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
 
 
-def warm_up(spark: SparkSession, streams: list[str], only: Collection[str] | None = None
-            ) -> None:
+def warm_up(spark: SparkSession, streams: list[str], only: Collection[str] | None = None,
+            interpreted: bool = True) -> None:
     """Run the batch merge (of the measures in ``only``) once on a one-row spool file, so that
     the JVM has loaded, compiled and code-generated what the real job needs (``replay`` does
-    this while it reads; the code of another set of measures is other code: 1.5 s more)."""
+    this while it reads; the code of another set of measures is other code: 1.5 s more).
+    ``interpreted``: as a merge of few rows runs (``batch_merge``), most merges."""
     import tempfile
 
     import pyarrow.parquet as pq
 
     from collector.spool import null_columns
-    with tempfile.TemporaryDirectory(prefix="flowsieve-warm-") as d, batch_merge(spark):
+    with tempfile.TemporaryDirectory(prefix="flowsieve-warm-") as d, \
+            batch_merge(spark, interpreted):
         for stream in streams:
             schema = schema_for(stream, "0")
             pq.write_table(pa.Table.from_arrays(null_columns(schema, 1, {}), schema=schema),
@@ -407,14 +424,26 @@ class SparkJob:
         input is Spark's batch case), of the measures in ``only`` (default: all; a measure
         no query reads costs Spark three aggregates per row). The spool's files are left in
         place."""
-        with batch_merge(self.spark):
-            for stream, folder in folders:
-                self._run_batch(stream, folder, only)
+        for stream, folder in folders:
+            self._run_batch(stream, folder, only)
 
     def _run_batch(self, stream: str, folder: str, only: Collection[str] | None) -> None:
+        import pyarrow.parquet as pq
+
         path = self.spool_root / stream / folder
-        if not any(path.glob("*.parquet")):
+        files = sorted(path.glob("*.parquet"))
+        if not files:
             return
+        try:
+            rows = sum(pq.read_metadata(f).num_rows for f in files)
+        except (OSError, pa.ArrowInvalid):  # a torn file: Spark skips it, the rest is read
+            rows = None
+        small = rows is not None and rows <= INTERPRET_MAX_ROWS
+        with batch_merge(self.spark, interpreted=small):
+            self._merge_batch(stream, folder, path, only)
+
+    def _merge_batch(self, stream: str, folder: str, path: Path,
+                     only: Collection[str] | None) -> None:
         df = (self.spark.read.schema(spark_ddl(schema_for(stream, folder)))
               .parquet(str(path)))
         if folder != "select":

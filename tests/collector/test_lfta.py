@@ -15,7 +15,7 @@ from capture.fields import ip_bytes
 from capture.pcap import open_capture
 from capture.unpack import unpack
 from collector.config import LftaConfig
-from collector.lfta import NodeTable, Partials, PartialTable
+from collector.lfta import BatchColumns, NodeTable, Partials, PartialTable
 from tests.conftest import capture
 from tests.reference import packets
 
@@ -173,7 +173,7 @@ def test_node_table_merges_columns_as_it_merges_key_rows(name, keys):
         if got is not None:
             out_ref += ref.merge(got[0])
         parts = fused.table.merge_batch(Q, fused.mask, tb.time, fused.period,
-                                        *fused._columns(tb))
+                                        *fused.columns(BatchColumns(tb)))
         out_fused += parts
     out_fused.append(fused.table.flush_all())
     out_ref.append(ref.flush_all())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from prometheus_client import generate_latest
@@ -17,8 +18,8 @@ from collector.config import Settings, data_file
 from collector.engine import Engine
 from collector.metrics import Metrics
 from collector.results import read_results
-from collector.spark.job import BYPASS_PARTIAL, SparkJob, batch_merge
-from collector.spool import Spool, list_files
+from collector.spark.job import BYPASS_PARTIAL, CODEGEN, SparkJob, batch_merge
+from collector.spool import Spool, list_files, null_columns, schema_for, spark_ddl
 from planner.plan import build_plan
 from planner.query import parse_queries
 from tests.collector.test_lfta_pipeline import answers_of, reference, spread
@@ -205,13 +206,42 @@ def test_the_spool_reader_takes_files_in_any_order(tmp_path):
     assert [p.name for p in list_files(folder)] == [f"{4:016d}.a.arrow"]
 
 
+def test_an_interpreted_batch_merge_runs_no_generated_code(spark, tmp_path):
+    """``batch_merge(interpreted=True)`` takes effect: the merge's physical plan has no
+    whole-stage generated code (Spark marks such operators ``*(n)``), and gives the merge of
+    generated code."""
+    from collector.spark.job import merge_partials
+
+    schema = schema_for("packets", "60")
+    rows = pa.Table.from_arrays(null_columns(schema, 3, {
+        "window_start": pa.array([0, 0, 60_000_000], pa.timestamp("us", "UTC")),
+        "node": pa.array(["n"] * 3), "key": pa.array([b"a", b"a", b"b"]),
+        "cnt": pa.array([2, 3, 4], pa.int64())}), schema=schema)
+    path = tmp_path / "rows.parquet"
+    pq.write_table(rows, path)
+    df = spark.read.schema(spark_ddl(schema)).parquet(str(path))
+    got = {}
+    for interpreted in (False, True):
+        with batch_merge(spark, interpreted=interpreted):
+            merged = merge_partials(df, "packets", None, ["wirelen"])
+            got[interpreted] = sorted((r["key"], r["cnt"]) for r in merged.collect())
+            plan = merged._jdf.queryExecution().executedPlan().toString()  # after AQE's run
+            assert "isFinalPlan=true" in plan
+            assert ("*(" in plan) is not interpreted
+    assert got[True] == got[False] == [(b"a", 5), (b"b", 4)]
+
+
 def test_a_batch_merge_leaves_the_session_as_it_was(spark):
-    """Bypassing Spark's partial aggregation is the batch merge's own setting: the streaming
-    queries of a daemon sharing the session never see it."""
-    before = spark.conf.get(BYPASS_PARTIAL, None)
+    """Bypassing Spark's partial aggregation, and interpreting a small merge, are the batch
+    merge's own settings: the streaming queries of a daemon sharing the session never see
+    them."""
+    before = {k: spark.conf.get(k, None) for k in (BYPASS_PARTIAL, *CODEGEN)}
     with batch_merge(spark):
         assert spark.conf.get(BYPASS_PARTIAL) == "true"
-    assert spark.conf.get(BYPASS_PARTIAL, None) == before
+        assert all(spark.conf.get(k, None) == before[k] for k in CODEGEN)
+    with batch_merge(spark, interpreted=True):
+        assert all(spark.conf.get(k) == v for k, v in CODEGEN.items())
+    assert {k: spark.conf.get(k, None) for k in before} == before
     spark.conf.set(BYPASS_PARTIAL, "false")
     try:
         with batch_merge(spark):
