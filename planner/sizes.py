@@ -128,23 +128,37 @@ class NodeSizes:
     sample: TupleSample | None = None
     selectivity: dict[int, float] = field(default_factory=dict)  # slot -> share of tuples
     _cache: dict[AggNode, float] = field(default_factory=dict)
+    # tuples per period, of the stream (key None) and reaching a filter (its slots): the tree
+    # search asks for them on every edge it weighs, thousands of times per plan
+    _tuples: dict[frozenset[int] | None, float] = field(default_factory=dict)
 
     def tuples(self) -> float:
         """Tuples per period (the root's size)."""
-        s = self.sample
-        if s is None or not len(s):
-            return float(DEFAULT_TUPLES)
-        windows = s.time // self.period
-        per = np.bincount(windows - windows.min(), weights=s.weight)
-        return float(per[per > 0].mean())
+        got = self._tuples.get(None)
+        if got is None:
+            s = self.sample
+            if s is None or not len(s):
+                got = float(DEFAULT_TUPLES)
+            else:
+                windows = s.time // self.period
+                per = np.bincount(windows - windows.min(), weights=s.weight)
+                got = float(per[per > 0].mean())
+            self._tuples[None] = got
+        return got
 
     def tuples_of(self, v: AggNode) -> float:
         """Tuples per period that reach node v: those of its filter (its queries' slots)."""
+        got = self._tuples.get(v.slots)
+        if got is None:
+            got = self._tuples[v.slots] = self._tuples_of(v.slots)
+        return got
+
+    def _tuples_of(self, slots: frozenset[int]) -> float:
         s = self.sample
-        if s is None or not len(s) or not v.slots <= s.slots:
-            share = sum(self.selectivity.get(x, 1.0) for x in v.slots) if v.slots else 1.0
+        if s is None or not len(s) or not slots <= s.slots:
+            share = sum(self.selectivity.get(x, 1.0) for x in slots) if slots else 1.0
             return self.tuples() * min(1.0, share)
-        rows = self._q(v.slots).any(axis=1)
+        rows = self._q(slots).any(axis=1)
         if not rows.any():
             return 0.0
         windows = s.time // self.period
