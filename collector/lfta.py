@@ -88,27 +88,30 @@ def _slot(t_keys, t_used, keys, r):
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def _put(t_cnt, t_sum, t_min, t_max, slot, held, cnt, sums, mins, maxs, i):
-    """Merge count ``cnt`` and row ``i`` of sums, mins and maxs into ``slot`` (``held``: it
-    holds a row already; else it starts one). A negative measure is a tuple's NULL (the ip_len
-    of a frame without IP): it adds nothing to the sum and the min skips it (``I64_MAX``, read
-    back as NULL); a max of NULLs only stays -1 (NULL). Partial rows carry these sentinels
-    already. (The probe and the update are two small functions: numba made one function of
-    both, with its dozen array arguments, five times slower per tuple.)"""
+def _put(t_cnt, t_sum, t_min, t_max, slot, held, cnt, sums, mins, maxs, i, at):
+    """Merge count ``cnt`` and row ``i`` of sums, mins and maxs (the table's measure ``m`` in
+    their column ``at[m]``) into ``slot`` (``held``: it holds a row already; else it starts
+    one). A negative measure is a tuple's NULL (the ip_len of a frame without IP): it adds
+    nothing to the sum and the min skips it (``I64_MAX``, read back as NULL); a max of NULLs
+    only stays -1 (NULL). Partial rows carry these sentinels already. (The probe and the
+    update are two small functions: numba made one function of both, with its dozen array
+    arguments, five times slower per tuple.)"""
     if held:
         t_cnt[slot] += cnt
-        for m in range(sums.shape[1]):
-            t_sum[slot, m] += max(sums[i, m], 0)
-            if 0 <= mins[i, m] < t_min[slot, m]:
-                t_min[slot, m] = mins[i, m]
-            if maxs[i, m] > t_max[slot, m]:
-                t_max[slot, m] = maxs[i, m]
+        for m in range(at.shape[0]):
+            c = at[m]
+            t_sum[slot, m] += max(sums[i, c], 0)
+            if 0 <= mins[i, c] < t_min[slot, m]:
+                t_min[slot, m] = mins[i, c]
+            if maxs[i, c] > t_max[slot, m]:
+                t_max[slot, m] = maxs[i, c]
     else:
         t_cnt[slot] = cnt
-        for m in range(sums.shape[1]):
-            t_sum[slot, m] = max(sums[i, m], 0)
-            t_min[slot, m] = mins[i, m] if mins[i, m] >= 0 else I64_MAX
-            t_max[slot, m] = maxs[i, m]
+        for m in range(at.shape[0]):
+            c = at[m]
+            t_sum[slot, m] = max(sums[i, c], 0)
+            t_min[slot, m] = mins[i, c] if mins[i, c] >= 0 else I64_MAX
+            t_max[slot, m] = maxs[i, c]
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -124,6 +127,7 @@ def merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, 
                mins, maxs, start):
     """Merge rows ``start…`` of (keys, cnt, sums, mins, maxs) into the table; stop before a row
     that would make the table hold more than ``limit`` entries. Returns (next row, entries)."""
+    at = np.arange(sums.shape[1])
     for i in range(start, keys.shape[0]):
         slot, held = _slot(t_keys, t_used, keys, i)
         if not held:
@@ -131,43 +135,23 @@ def merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, 
                 return i, n_used
             _claim(t_keys, t_used, slot, keys, i)
             n_used += 1
-        _put(t_cnt, t_sum, t_min, t_max, slot, held, cnt[i], sums, mins, maxs, i)
+        _put(t_cnt, t_sum, t_min, t_max, slot, held, cnt[i], sums, mins, maxs, i, at)
     return keys.shape[0], n_used
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def _put_tuple(t_cnt, t_sum, t_min, t_max, slot, held, meas, meas_idx, i):
-    """``_put`` of tuple ``i`` as a partial of one, its measures read from the batch's measure
-    rows ``meas_idx``."""
-    if held:
-        t_cnt[slot] += 1
-        for m in range(meas_idx.shape[0]):
-            v = meas[meas_idx[m], i]
-            t_sum[slot, m] += max(v, 0)
-            if 0 <= v < t_min[slot, m]:
-                t_min[slot, m] = v
-            if v > t_max[slot, m]:
-                t_max[slot, m] = v
-    else:
-        t_cnt[slot] = 1
-        for m in range(meas_idx.shape[0]):
-            v = meas[meas_idx[m], i]
-            t_sum[slot, m] = max(v, 0)
-            t_min[slot, m] = v if v >= 0 else I64_MAX
-            t_max[slot, m] = v
 
 
 @nb.njit(cache=True, nogil=True)
 def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, mask, time,
-                 period, ints, ips, kinds, idx, meas, meas_idx, start):
+                 period, ints, ips, kinds, idx, meas_idx, start):
     """Merge a batch's tuples ``start…`` into the table as partials of one, building each
     tuple's key on the fly (``NodeTable``'s layout: window start, the key fields in order —
     ``kinds[k]`` 0: row ``idx[k]`` of ``ints``, 1: the three words of address ``idx[k]`` of
     ``ips`` (validity and two big-endian halves, ``BatchColumns``) — then the query-bit
-    pattern ``Q[i] & mask``). Tuples whose pattern is empty are not the node's. Stops before a
-    tuple that would make the table hold more than ``limit`` entries. Returns (next tuple,
-    entries, tuples merged, earliest window start merged)."""
+    pattern ``Q[i] & mask``); its measures are rows ``meas_idx`` of ``ints``. Tuples whose
+    pattern is empty are not the node's. Stops before a tuple that would make the table hold
+    more than ``limit`` entries. Returns (next tuple, entries, tuples merged, earliest window
+    start merged)."""
     words = Q.shape[1]
+    meas_t = ints.T  # (tuples, fields): each tuple its own sum, min and max
     key = np.empty((1, t_keys.shape[1]), np.int64)
     merged = 0
     first = I64_MAX
@@ -200,7 +184,7 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
                 return i, n_used, merged, first
             _claim(t_keys, t_used, slot, key, 0)
             n_used += 1
-        _put_tuple(t_cnt, t_sum, t_min, t_max, slot, held, meas, meas_idx, i)
+        _put(t_cnt, t_sum, t_min, t_max, slot, held, 1, meas_t, meas_t, meas_t, i, meas_idx)
         merged += 1
         if ws < first:
             first = ws
@@ -435,8 +419,8 @@ class PartialTable:
         while pos < n:
             pos, self.n_used, merged, first = merge_tuples(
                 self.t_keys, self.t_used, self.t_cnt, self.t_sum, self.t_min, self.t_max,
-                self.n_used, self.limit, Q, mask, time, period, ints, ips, kinds, idx, ints,
-                meas_idx, pos)
+                self.n_used, self.limit, Q, mask, time, period, ints, ips, kinds, idx, meas_idx,
+                pos)
             if merged:
                 if self._oldest_ns is None:
                     self._oldest_ns = now_ns
@@ -557,6 +541,11 @@ class NodeTable:
         self.retired: list[PartialTable] = []  # tables of earlier plans, until empty
         self.schema = aggregate_schema(stream)
         self._kinds = np.array([int(kind == IP) for kind in self.layout.kinds], np.int8)
+        # what its table reads of a batch (``BatchColumns``): integer keys and measures, and
+        # address keys
+        pairs = list(zip(self.keys, self.layout.kinds, strict=True))
+        self._reads = ([k for k, kind in pairs if kind != IP] + self.measures,
+                       [k for k, kind in pairs if kind == IP])
 
     def tables(self) -> list[PartialTable]:
         """The node's tables: the running plan's, and those of earlier plans still holding
@@ -657,10 +646,7 @@ class NodeTable:
 
     def need(self, cols: BatchColumns) -> None:
         """Have ``cols`` make the columns this node's table reads."""
-        kinds = self.layout.kinds
-        cols.need([k for k, kind in zip(self.keys, kinds, strict=True) if kind != IP]
-                  + self.measures,
-                  [k for k, kind in zip(self.keys, kinds, strict=True) if kind == IP])
+        cols.need(*self._reads)
 
     def columns(self, cols: BatchColumns) -> tuple[np.ndarray, ...]:
         """What ``merge_tuples`` reads of the batch for this node: ``cols``' integer rows,
