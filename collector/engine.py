@@ -71,6 +71,9 @@ class _Compiled:
     names: dict[int, str]
     keys: tuple[str, ...]  # every field an aggregate query of the stream groups by
     agg_slots: tuple[int, ...]  # the stream's aggregate queries' slots
+    # per slot, its query's avoided and matched counters (a labels() look-up per query and
+    # batch cost the 50-query replay 4 % of its engine time)
+    counters: dict[int, tuple] = field(default_factory=dict)
 
 
 
@@ -400,10 +403,12 @@ class Engine:
         self.metrics.prefilter_dropped.labels(self.stream).inc(len(tb) - kept)
         matched = slot_counts(Q) if c.residual else invoked
         for slot, name in c.names.items():
+            avoided, hit = c.counters.get(slot) or c.counters.setdefault(slot, (
+                self.metrics.query_avoided.labels(name), self.metrics.query_matched.labels(name)))
             if len(tb) > invoked[slot]:
-                self.metrics.query_avoided.labels(name).inc(len(tb) - int(invoked[slot]))
+                avoided.inc(len(tb) - int(invoked[slot]))
             if matched[slot]:
-                self.metrics.query_matched.labels(name).inc(int(matched[slot]))
+                hit.inc(int(matched[slot]))
         if not kept:
             self._rounds(c, tb)
             return 0

@@ -29,6 +29,9 @@ import numba as nb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from capture.fields import IP, SKETCH, STRING, measures
 from collector.config import LftaConfig
@@ -69,11 +72,11 @@ def _hash(keys, i):
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def _slot(t_keys, t_used, keys, r):
-    """Where key row ``r`` of ``keys`` lives in the table: (slot, True) when it is held,
-    (the free slot its probe reached, False) when it is not."""
+def _slot(t_keys, t_used, keys, r, h):
+    """Where key row ``r`` of ``keys`` (its hash ``h``) lives in the table: (slot, True) when
+    it is held, (the free slot its probe reached, False) when it is not."""
     mask = np.uint64(t_keys.shape[0] - 1)
-    slot = np.int64(_hash(keys, r) & mask)
+    slot = np.int64(h & mask)
     while True:
         if not t_used[slot]:
             return slot, False
@@ -85,6 +88,24 @@ def _slot(t_keys, t_used, keys, r):
         if same:
             return slot, True
         slot = np.int64((np.uint64(slot) + np.uint64(1)) & mask)
+
+
+@intrinsic
+def _prefetch(typingctx, table, row):
+    """Ask the CPU for row ``row`` of a 2-D table (LLVM's prefetch, for writing): a merge
+    computes the home slots of a run of tuples first, so their cache misses overlap."""
+    def codegen(context, builder, signature, args):
+        ty = signature.args[0]
+        arr = context.make_array(ty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, ty, arr,
+                                       [args[1], context.get_constant(types.intp, 0)])
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]),
+            "llvm.prefetch.p0")
+        builder.call(fn, [ptr, ir.Constant(i32, 1), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+    return types.void(table, row), codegen
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -129,7 +150,7 @@ def merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, 
     that would make the table hold more than ``limit`` entries. Returns (next row, entries)."""
     at = np.arange(sums.shape[1])
     for i in range(start, keys.shape[0]):
-        slot, held = _slot(t_keys, t_used, keys, i)
+        slot, held = _slot(t_keys, t_used, keys, i, _hash(keys, i))
         if not held:
             if n_used >= limit:
                 return i, n_used
@@ -137,6 +158,9 @@ def merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, 
             n_used += 1
         _put(t_cnt, t_sum, t_min, t_max, slot, held, cnt[i], sums, mins, maxs, i, at)
     return keys.shape[0], n_used
+
+
+RUN = 32  # tuples whose keys and home slots merge_tuples makes before it probes them
 
 
 @nb.njit(cache=True, nogil=True)
@@ -149,46 +173,80 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
     pattern ``Q[i] & mask``); its measures are rows ``meas_idx`` of ``ints``. Tuples whose
     pattern is empty are not the node's. Stops before a tuple that would make the table hold
     more than ``limit`` entries. Returns (next tuple, entries, tuples merged, earliest window
-    start merged)."""
+    start merged).
+
+    The node's tuples are listed first without a branch (most nodes take a minority of a
+    batch: a test per tuple mispredicted); then, a run of ``RUN`` tuples at a time, their
+    keys and hashes are made and their home slots prefetched before any is probed
+    (bench/README.md: 25 % less time a merge on the backbone's 50 queries)."""
     words = Q.shape[1]
+    n = Q.shape[0]
+    sel = np.empty(n - start, np.int64)
+    m = 0
+    for i in range(start, n):
+        hit = np.uint64(0)
+        for w in range(words):
+            hit |= Q[i, w] & mask[w]
+        sel[m] = i
+        m += hit != 0
     meas_t = ints.T  # (tuples, fields): each tuple its own sum, min and max
-    key = np.empty((1, t_keys.shape[1]), np.int64)
+    keys = np.empty((RUN, t_keys.shape[1]), np.int64)
+    hashes = np.empty(RUN, np.uint64)
+    home = np.uint64(t_keys.shape[0] - 1)
     merged = 0
     first = I64_MAX
     ws, end = I64_MAX, I64_MIN  # the window of the tuple before: a division saved a tuple
-    for i in range(start, Q.shape[0]):
-        empty = True
-        for w in range(words):
-            if Q[i, w] & mask[w]:
-                empty = False
-        if empty:
-            continue
-        if not ws <= time[i] < end:
-            ws = (time[i] // period) * period
-            end = ws + period
-        key[0, 0] = ws
-        c = 1
-        for k in range(kinds.shape[0]):
-            if kinds[k] == 0:
-                key[0, c] = ints[idx[k], i]
-                c += 1
-            else:
-                for j in range(3):
-                    key[0, c + j] = ips[idx[k], i, j]
-                c += 3
-        for w in range(words):
-            key[0, c + w] = np.int64(Q[i, w] & mask[w])
-        slot, held = _slot(t_keys, t_used, key, 0)
-        if not held:
-            if n_used >= limit:
-                return i, n_used, merged, first
-            _claim(t_keys, t_used, slot, key, 0)
-            n_used += 1
-        _put(t_cnt, t_sum, t_min, t_max, slot, held, 1, meas_t, meas_t, meas_t, i, meas_idx)
-        merged += 1
-        if ws < first:
-            first = ws
-    return Q.shape[0], n_used, merged, first
+    for j0 in range(0, m, RUN):
+        run = min(RUN, m - j0)
+        for r in range(run):
+            i = sel[j0 + r]
+            if not ws <= time[i] < end:
+                ws = (time[i] // period) * period
+                end = ws + period
+            keys[r, 0] = ws
+            c = 1
+            for k in range(kinds.shape[0]):
+                if kinds[k] == 0:
+                    keys[r, c] = ints[idx[k], i]
+                    c += 1
+                else:
+                    for j in range(3):
+                        keys[r, c + j] = ips[idx[k], i, j]
+                    c += 3
+            for w in range(words):
+                keys[r, c + w] = np.int64(Q[i, w] & mask[w])
+            hashes[r] = _hash(keys, r)
+            _prefetch(t_keys, np.int64(hashes[r] & home))
+            _prefetch(t_sum, np.int64(hashes[r] & home))
+        for r in range(run):
+            i = sel[j0 + r]
+            slot, held = _slot(t_keys, t_used, keys, r, hashes[r])
+            if not held:
+                if n_used >= limit:
+                    return i, n_used, merged, first
+                _claim(t_keys, t_used, slot, keys, r)
+                n_used += 1
+            _put(t_cnt, t_sum, t_min, t_max, slot, held, 1, meas_t, meas_t, meas_t, i, meas_idx)
+            merged += 1
+            first = min(first, keys[r, 0])
+    return n, n_used, merged, first
+
+
+@nb.njit(cache=True, nogil=True)
+def address_words(col, ok, out):
+    """Addresses (n, 16 bytes) as ``out`` rows (validity, high half, low half), big-endian
+    halves as int64; zero words for a tuple without the address (a third of the time of
+    numpy's byte-swapping cast)."""
+    for i in range(col.shape[0]):
+        hi = np.uint64(0)
+        lo = np.uint64(0)
+        if ok[i]:
+            for b in range(8):
+                hi = (hi << np.uint64(8)) | np.uint64(col[i, b])
+                lo = (lo << np.uint64(8)) | np.uint64(col[i, 8 + b])
+        out[i, 0] = 1 if ok[i] else 0
+        out[i, 1] = np.int64(hi)
+        out[i, 2] = np.int64(lo)
 
 
 class BatchColumns:
@@ -218,12 +276,9 @@ class BatchColumns:
             self.ints = np.concatenate([self.ints, add]) if len(self.ints) else add
         new = [f for f in dict.fromkeys(ips) if f not in self._ips]
         if new:
-            add = np.zeros((len(new), n, 3), np.int64)
+            add = np.empty((len(new), n, 3), np.int64)
             for r, f in enumerate(new):
-                ok = tb.ip_valid(f)
-                words = np.ascontiguousarray(tb.column(f)).view(">u8")  # (n, 2) big-endian
-                add[r, :, 0] = ok
-                np.multiply(words, ok[:, None], out=add[r, :, 1:], casting="unsafe")
+                address_words(np.ascontiguousarray(tb.column(f)), tb.ip_valid(f), add[r])
                 self._ips[f] = len(self._ips)
             self.ips = np.concatenate([self.ips, add]) if len(self.ips) else add
 

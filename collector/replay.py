@@ -180,14 +180,15 @@ def _read_in_parallel(capture, ranges: list[tuple[int, int]], plan: Plan, settin
     return DecodeError(errors[0].pop("reason"), **errors[0]) if errors else None
 
 
-def _warm_up(spark, streams: list[str], only: set[str]) -> threading.Thread:
+def _warm_up(spark, streams: list[str], only: set[str], sketches: bool) -> threading.Thread:
     """Spark's first job warms up (class loading, code generation) on the second core while
     the engine reads the capture; a failure here is left to the real job to report."""
     from collector.spark.job import warm_up
 
     def run() -> None:
         try:
-            warm_up(spark.result() if isinstance(spark, Future) else spark, streams, only)
+            warm_up(spark.result() if isinstance(spark, Future) else spark, streams, only,
+                    sketches=sketches)
         except Exception:  # noqa: BLE001, S110 - the real job reports Spark's failures
             pass
     t = threading.Thread(target=run, name="spark-warm-up", daemon=True)
@@ -255,13 +256,16 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
                         limit=min(PRUNE_MEMORY_BYTES, settings.spool.max_bytes)) \
         if settings.replay_prune else Spool(*spool_args, **spool_kw)
     plan = build_plan(queries, **settings.plan_options())
+    only = {m for qp in plan.queries for m in qp.query.measures}  # what Spark merges
+    sketches = any(qp.query.approx for qp in plan.queries)
+    # Spark's first job warms up from here on, on the core that measuring and planning leave
+    # idle (it needs the queries' streams and measures only, not the plan)
+    warming = _warm_up(spark, plan.streams(), only, sketches) \
+        if settings.spool.format == "parquet" else None
     if settings.planner.measure_tuples:
         report("measuring", 0)
         plan = measured_plan(capture, queries, plan, spool, settings, flow_ports)
     error = None
-    only = {m for qp in plan.queries for m in qp.query.measures}  # what Spark merges
-    warming = _warm_up(spark, plan.streams(), only) if settings.spool.format == "parquet" \
-        else None
     ranges = byte_ranges(capture, settings) if "packets" in plan.streams() else []
     for stream in ("packets", "flows"):
         if not any(q.stream == stream for q in queries):
@@ -312,7 +316,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
                    spool_format=settings.spool.format, keep_answers=True)
     job.timings.update(timings)
     if settings.spool.format == "parquet":
-        job.run_batch(folders, only)
+        job.run_batch(folders, only, sketches)
     else:  # the Python data source reads Arrow IPC as a stream
         job.run_available_now(folders)
     t0 = time.perf_counter()

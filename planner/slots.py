@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import numba as nb
 import numpy as np
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 
 def n_words(n: int) -> int:
@@ -42,21 +43,9 @@ def slot_counts(Q):
         for w in range(Q.shape[1]):
             x = Q[i, w]
             while x:
-                low = x & (~x + np.uint64(1))  # the lowest set bit
-                out[w * 64 + _bit_index(low)] += 1
-                x ^= low
+                out[w * 64 + trailing_zeros(x)] += 1
+                x &= x - np.uint64(1)  # without its lowest set bit
     return out
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def _bit_index(b):
-    """The position of the one set bit of ``b``."""
-    k = 0
-    for s in (32, 16, 8, 4, 2, 1):
-        if b >> np.uint64(s):
-            b >>= np.uint64(s)
-            k += s
-    return k
 
 
 def clear_slot(Q: np.ndarray, rows: np.ndarray, slot: int) -> None:

@@ -231,6 +231,32 @@ def test_an_interpreted_batch_merge_runs_no_generated_code(spark, tmp_path):
     assert got[True] == got[False] == [(b"a", 5), (b"b", 4)]
 
 
+def test_a_small_merge_runs_without_a_shuffle(spark, tmp_path):
+    """A small batch merge (``small_merge``: one partition) aggregates without an exchange,
+    from rows spread over several files, and merges what the shuffled merge merges; without
+    sketches (no query counts approximately) its plan has no second aggregation."""
+    from collector.spark.job import merge_partials, small_merge
+
+    schema = schema_for("packets", "60")
+    for k, (keys, cnts) in enumerate([([b"a", b"b"], [1, 2]), ([b"a", b"c"], [3, 4]),
+                                      ([b"b"], [5])]):
+        pq.write_table(pa.Table.from_arrays(null_columns(schema, len(keys), {
+            "window_start": pa.array([0] * len(keys), pa.timestamp("us", "UTC")),
+            "node": pa.array(["n"] * len(keys)), "key": pa.array(keys),
+            "cnt": pa.array(cnts, pa.int64())}), schema=schema), tmp_path / f"{k}.parquet")
+    df = spark.read.schema(spark_ddl(schema)).parquet(str(tmp_path))
+    got = {}
+    for small in (False, True):
+        with batch_merge(spark, interpreted=small):
+            merged = merge_partials(small_merge(df) if small else df, "packets", None,
+                                    ["wirelen"], sketches=not small)
+            got[small] = sorted((r["key"], r["cnt"]) for r in merged.collect())
+            plan = merged._jdf.queryExecution().executedPlan().toString()
+            assert ("Exchange" in plan) is not small
+            assert ("hll_union_agg" in plan) is not small
+    assert got[True] == got[False] == [(b"a", 4), (b"b", 7), (b"c", 4)]
+
+
 def test_a_batch_merge_leaves_the_session_as_it_was(spark):
     """Bypassing Spark's partial aggregation, and interpreting a small merge, are the batch
     merge's own settings: the streaming queries of a daemon sharing the session never see
