@@ -216,8 +216,9 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
             for w in range(words):
                 keys[r, c + w] = np.int64(Q[i, w] & mask[w])
             hashes[r] = _hash(keys, r)
-            _prefetch(t_keys, np.int64(hashes[r] & home))
-            _prefetch(t_sum, np.int64(hashes[r] & home))
+            slot = np.int64(hashes[r] & home)
+            _prefetch(t_keys, slot)
+            _prefetch(t_sum, slot)
         for r in range(run):
             i = sel[j0 + r]
             slot, held = _slot(t_keys, t_used, keys, r, hashes[r])

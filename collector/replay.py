@@ -31,8 +31,10 @@ from planner.plan import Plan, build_plan
 from planner.query import Query
 
 # replay_workers 0: one process per core but one (Spark's JVM runs its first job on that one
-# while the capture is read: on 2 cores a second reading process only competes with it, 1.20 M
-# against 1.22 M packets/s on bench_spark's backbone, 50 queries), at most this many
+# while the capture is read: on 2 cores a second reading process only competed with it, 1.20 M
+# against 1.22 M packets/s on bench_spark's backbone, 50 queries; since the first job starts
+# before measuring, two readers measured 1.77 M against 1.60 M, to be A/B-tested), at most
+# this many
 AUTO_WORKERS = 4
 MIN_RANGE_BYTES = 64 << 20  # ... each reading at least this much of the file
 # a folder's spool files larger than this are merged whole: pruning reads them into the driver,
@@ -182,7 +184,8 @@ def _read_in_parallel(capture, ranges: list[tuple[int, int]], plan: Plan, settin
 
 def _warm_up(spark, streams: list[str], only: set[str], sketches: bool) -> threading.Thread:
     """Spark's first job warms up (class loading, code generation) on the second core while
-    the engine reads the capture; a failure here is left to the real job to report."""
+    ``replay`` measures, plans and reads the capture; a failure here is left to the real job
+    to report."""
     from collector.spark.job import warm_up
 
     def run() -> None:
