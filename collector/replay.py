@@ -12,8 +12,8 @@ from contextlib import closing
 from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from capture.errors import DecodeError
 from capture.netflow import DEFAULT_FLOW_PORTS, Decoder, capture_flows
@@ -22,7 +22,7 @@ from collector import functions, tables
 from collector.config import Settings
 from collector.engine import Engine
 from collector.metrics import Metrics
-from collector.results import Resolve, prune_rows
+from collector.results import Resolve, node_runs, prune_rows
 from collector.sampling import TupleSampler
 from collector.selectivity import SelectivityMeter
 from collector.sources import ahead
@@ -212,12 +212,12 @@ def prune_spool(spool: Spool, stream: str, folder: str, resolve: Resolve,
         for t in kept:
             spool.write(stream, folder, t, "force")
         return 0
-    parts = [*kept, *(read_spool_file(f) for f in files)]
-    if not parts:
+    rows, runs = node_runs([*kept, *(read_spool_file(f) for f in files)])
+    if not rows.num_rows:
         return 0
-    rows = pa.concat_tables(parts)
-    out = prune_rows(stream, rows, resolve, forced=pc.equal(
-        rows.column("node"), "").to_numpy(zero_copy_only=False))  # punctuation stays
+    forced = np.zeros(rows.num_rows, bool)  # punctuation stays
+    forced[slice(*runs.get("", (0, 0)))] = True
+    out = prune_rows(stream, rows, resolve, forced, runs)
     spool.write(stream, folder, out, "force")
     for f in files:
         f.unlink()

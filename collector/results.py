@@ -107,13 +107,46 @@ def query_partials(stream: str, merged: pa.Table, resolve: Resolve
     return [qt for _, qt in sorted(slot_partials(stream, merged, resolve).items())]
 
 
-def slot_partials(stream: str, merged: pa.Table, resolve: Resolve
+def node_runs(parts: Iterable[pa.Table]) -> tuple[pa.Table, dict[str, tuple[int, int]]]:
+    """Partial rows of one folder ordered by node: the rows, and each node label's run of them
+    (start, stop). The engine writes a node's flushed rows as a batch of their own, so a batch
+    of one label is placed whole (no copy); a batch of several (a file read back) is split."""
+    runs: dict[str, list[pa.RecordBatch]] = {}
+    schema = None
+    for t in parts:
+        schema = schema or t.schema
+        for b in t.to_batches():
+            if not b.num_rows:
+                continue
+            labels = b.column("node")
+            first = labels[0].as_py()
+            if pc.all(pc.equal(labels, first)).as_py():
+                runs.setdefault(first, []).append(b)
+                continue
+            codes = pc.dictionary_encode(labels)
+            index = codes.indices.to_numpy(zero_copy_only=False)
+            for code, label in enumerate(codes.dictionary.to_pylist()):
+                runs.setdefault(label, []).append(b.take(pa.array(np.flatnonzero(index == code))))
+    if schema is None:
+        return pa.table({}), {}
+    out, at, start = [], {}, 0
+    for label in sorted(runs):
+        n = sum(b.num_rows for b in runs[label])
+        at[label] = (start, start + n)
+        out += runs[label]
+        start += n
+    return pa.Table.from_batches(out, schema=schema), at
+
+
+def slot_partials(stream: str, merged: pa.Table, resolve: Resolve,
+                  runs: dict[str, tuple[int, int]] | None = None
                   ) -> dict[int, tuple[Query, pa.Table]]:
     """Merged partial rows of a folder (``window_start, node, key, cnt``, measures) as each
     query's rows by slot: ``window_start``, the query's key columns, ``cnt`` and the measures
     the query reads (and a ``_row`` column, when ``merged`` has one). A query's rows come from
     every node whose pattern holds its slot (its node of the aggregate tree, or a node of an
-    earlier plan); ``finalize`` merges them to the query's keys."""
+    earlier plan); ``finalize`` merges them to the query's keys. ``runs``: each node's rows
+    as a run of ``merged`` (``node_runs``), read as slices."""
     parts: dict[int, list[pa.Table]] = {}
     queries: dict[int, Query | None] = {}
     columns: dict[str, pa.Array] = {}
@@ -122,20 +155,30 @@ def slot_partials(stream: str, merged: pa.Table, resolve: Resolve
         if name not in columns:
             columns[name] = merged.column(name).combine_chunks()
         return columns[name]
-    # each node's rows: their positions, grouped by one stable sort of the node labels; only
-    # the key (and sketch) columns are taken per node, a query's measures per query
-    codes = pc.dictionary_encode(column("node"))
-    index = codes.indices.to_numpy(zero_copy_only=False)
-    order = np.argsort(index, kind="stable")
-    bounds = np.searchsorted(index[order], np.arange(len(codes.dictionary) + 1))
-    for code, label in enumerate(codes.dictionary.to_pylist()):
+    if runs is None:
+        # each node's rows: their positions, grouped by one stable sort of the node labels;
+        # only the key (and sketch) columns are taken per node, a query's measures per query
+        codes = pc.dictionary_encode(column("node"))
+        index = codes.indices.to_numpy(zero_copy_only=False)
+        order = np.argsort(index, kind="stable")
+        bounds = np.searchsorted(index[order], np.arange(len(codes.dictionary) + 1))
+        nodes = {label: pa.array(order[bounds[code]:bounds[code + 1]])
+                 for code, label in enumerate(codes.dictionary.to_pylist())}
+    else:
+        nodes = {label: slice(a, b) for label, (a, b) in runs.items()}
+
+    def node_rows(name: str, pos) -> pa.Array:
+        """A node's rows of a column: a run of it in one chunk, or taken."""
+        if isinstance(pos, slice):
+            return merged.column(name).slice(pos.start, pos.stop - pos.start).combine_chunks()
+        return column(name).take(pos)
+    for label, pos in nodes.items():
         if not label:
             continue  # punctuation
-        pos = pa.array(order[bounds[code]:bounds[code + 1]])
         layout = KeyLayout.parse(stream, label)
-        cols, pattern = layout.decode(column("key").take(pos))
+        cols, pattern = layout.decode(node_rows("key", pos))
         if layout.sketch is not None:  # the node's rows carry a sketch of its field
-            cols[layout.sketch] = column("hll").take(pos)
+            cols[layout.sketch] = node_rows("hll", pos)
         node: dict[str, pa.Array] = {}  # the node's rows of a column, taken once
         for slot in slots_of(np.bitwise_or.reduce(pattern, axis=0)):
             if slot not in queries:
@@ -153,7 +196,7 @@ def slot_partials(stream: str, merged: pa.Table, resolve: Resolve
                     *([ROW] if ROW in merged.column_names else [])]
             for k in ["window_start", *meas]:
                 if k not in node:
-                    node[k] = column(k).take(pos)
+                    node[k] = node_rows(k, pos)
             parts.setdefault(slot, []).append(pa.table({
                 "window_start": node["window_start"] if at is None else
                 node["window_start"].take(at),
@@ -374,7 +417,8 @@ def answers_of(stream: str, folder: str, rows: pa.Table, resolve: Resolve
 
 
 def needed_rows(stream: str, rows: pa.Table, resolve: Resolve,
-                forced: np.ndarray | None = None) -> dict[int, np.ndarray]:
+                forced: np.ndarray | None = None,
+                runs: dict[str, tuple[int, int]] | None = None) -> dict[int, np.ndarray]:
     """Per query slot, the partial rows of closed windows its answer needs, when ``rows`` are
     all the rows of their windows (every writer done; ``forced``: rows that reach Spark
     whatever this says, as they are). A row kept carries only the slots that need it
@@ -385,10 +429,11 @@ def needed_rows(stream: str, rows: pa.Table, resolve: Resolve,
     forced row; and in a LEFT JOIN, the right part's groups that meet a left group Spark sees
     (or Spark would join it to NULL). Spark's answer of the rows kept is then the answer of
     all of them: a HAVING keeps the same groups, a LIMIT ranks a set of groups holding the
-    answer's, a join meets the same partners."""
+    answer's, a join meets the same partners. ``runs``: as ``slot_partials``."""
     n = rows.num_rows
     forced = np.zeros(n, bool) if forced is None else forced
-    by_slot = slot_partials(stream, rows.append_column(ROW, pa.array(np.arange(n))), resolve)
+    by_slot = slot_partials(stream, rows.append_column(ROW, pa.array(np.arange(n))), resolve,
+                            runs)
     groups: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}  # slot -> rows, groups, count
     need: dict[int, np.ndarray] = {}
     answers: dict[str, pa.Table] = {}
@@ -429,7 +474,8 @@ def needed_rows(stream: str, rows: pa.Table, resolve: Resolve,
         take(slot, present(slot))  # a forced row's group, whole
         if q.parent is not None:
             joins[q.parent.name] = q.parent
-            answers[q.name] = a = answer_of(q, m, ties=True)
+            # a join that orders nothing meets its parts' binary keys as well as their text
+            answers[q.name] = a = answer_of(q, m, ties=True, printed=bool(q.parent.order))
             if q.limit is not None:
                 take_groups(q.name, a.column(GID))
         else:
@@ -455,27 +501,31 @@ def needed_rows(stream: str, rows: pa.Table, resolve: Resolve,
 
 
 def prune_rows(stream: str, rows: pa.Table, resolve: Resolve,
-               forced: np.ndarray | None = None) -> pa.Table:
+               forced: np.ndarray | None = None,
+               runs: dict[str, tuple[int, int]] | None = None) -> pa.Table:
     """The rows ``needed_rows`` keeps, each with the query bits of the slots that need it
-    (a ``forced`` row as it is)."""
+    (a ``forced`` row as it is). ``runs``: as ``slot_partials``."""
     n = rows.num_rows
     forced = np.zeros(n, bool) if forced is None else forced
-    need = needed_rows(stream, rows, resolve, forced)
+    need = needed_rows(stream, rows, resolve, forced, runs)
     keep = forced.copy()
     for m in need.values():
         keep |= m
-    labels = rows.column("node").combine_chunks()
-    keys = rows.column("key").combine_chunks()
+    kept = np.flatnonzero(keep)
+    out = rows.take(pa.array(kept))  # few rows: what follows reads and writes only those
+    need = {slot: m[kept] for slot, m in need.items()}
+    forced = forced[kept]
+    keys = out.column("key").combine_chunks()
     off, data = binary_buffers(keys)
     data = data.copy()
-    codes = pc.dictionary_encode(labels)
+    codes = pc.dictionary_encode(out.column("node").combine_chunks())
     index = codes.indices.to_numpy(zero_copy_only=False)
     for code, label in enumerate(codes.dictionary.to_pylist()):
         if not label:
             continue  # punctuation
         layout = KeyLayout.parse(stream, label)
         q_words = layout.words - layout.field_words
-        at = np.flatnonzero((index == code) & keep & ~forced)
+        at = np.flatnonzero((index == code) & ~forced)
         pattern = np.zeros((len(at), q_words), np.uint64)
         for slot, m in need.items():
             if slot // 64 < q_words:
@@ -483,11 +533,9 @@ def prune_rows(stream: str, rows: pa.Table, resolve: Resolve,
         start = off[at] + 8 * layout.field_words
         data[(start[:, None] + np.arange(8 * q_words)).reshape(-1)] = \
             pattern.astype("<u8").view(np.uint8).reshape(-1)
-    key = pa.Array.from_buffers(pa.binary(), n, [*keys.buffers()[:2], pa.py_buffer(data)],
-                                offset=keys.offset)
-    names = rows.column_names
-    out = rows.set_column(names.index("key"), "key", key)
-    return out.filter(pa.array(keep))
+    key = pa.Array.from_buffers(pa.binary(), len(keys),
+                                [*keys.buffers()[:2], pa.py_buffer(data)], offset=keys.offset)
+    return out.set_column(out.column_names.index("key"), "key", key)
 
 
 def estimates(groups: list[list[bytes | None]], lg_max_k: int = 21) -> list[int]:

@@ -20,6 +20,7 @@ from collector.replay import replay
 from collector.results import (
     answers_of,
     needed_rows,
+    node_runs,
     prune_rows,
     query_partials,
     read_results,
@@ -148,6 +149,33 @@ HAVING count(*) > 1000000
     assert need.sum() == sum(need[r] for r in part.column("_row").to_pylist()), \
         "of the other query's rows, none"
 
+
+
+def test_rows_ordered_by_node_prune_as_the_rows_do(case):
+    """``node_runs`` orders a folder's rows by node: a batch of one node (what the engine
+    writes) is placed whole, without a copy; a batch of several (a file read back) is split.
+    Pruning by the runs keeps the rows pruning the rows does, with the same query bits."""
+    _, rows, resolve, want = case
+    labels = rows.column("node").to_numpy(zero_copy_only=False)
+    assert len(set(labels)) > 2
+    one_each = [rows.filter(pa.array(labels == label)).combine_chunks()
+                for label in sorted(set(labels), reverse=True)]
+    for parts in ([rows], one_each):
+        ordered, runs = node_runs(parts)
+        assert ordered.num_rows == rows.num_rows
+        assert list(runs) == sorted(runs) == sorted(set(labels))
+        assert [b for _, (a, b) in runs.items()][-1] == rows.num_rows
+        for label, (a, b) in runs.items():
+            assert set(ordered.column("node").slice(a, b - a).to_pylist()) == {label}
+        assert sorted(map(repr, ordered.to_pylist())) == sorted(map(repr, rows.to_pylist()))
+        by_runs = prune_rows("packets", ordered, resolve, runs=runs)
+        assert sorted(map(repr, by_runs.to_pylist())) == \
+            sorted(map(repr, prune_rows("packets", rows, resolve).to_pylist()))
+        assert answers(by_runs, resolve) == want
+    # the engine's shape: each batch of one node is the very same memory
+    ordered, _ = node_runs(one_each)
+    placed = {c.buffers()[2].address for c in ordered.column("key").chunks}
+    assert placed == {t.column("key").chunks[0].buffers()[2].address for t in one_each}
 
 @given(st.data())
 def test_groups_spooled_before_are_kept_whole(case, data):
