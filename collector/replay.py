@@ -182,7 +182,8 @@ def _read_in_parallel(capture, ranges: list[tuple[int, int]], plan: Plan, settin
     return DecodeError(errors[0].pop("reason"), **errors[0]) if errors else None
 
 
-def _warm_up(spark, streams: list[str], only: set[str], sketches: bool) -> threading.Thread:
+def _warm_up(spark, streams: list[str], only: set[str], sketches: bool,
+             sets: bool) -> threading.Thread:
     """Spark's first job warms up (class loading, code generation) on the second core while
     ``replay`` measures, plans and reads the capture; a failure here is left to the real job
     to report."""
@@ -191,7 +192,7 @@ def _warm_up(spark, streams: list[str], only: set[str], sketches: bool) -> threa
     def run() -> None:
         try:
             warm_up(spark.result() if isinstance(spark, Future) else spark, streams, only,
-                    sketches=sketches)
+                    sketches=sketches, sets=sets)
         except Exception:  # noqa: BLE001, S110 - the real job reports Spark's failures
             pass
     t = threading.Thread(target=run, name="spark-warm-up", daemon=True)
@@ -261,9 +262,11 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     plan = build_plan(queries, **settings.plan_options())
     only = {m for qp in plan.queries for m in qp.query.measures}  # what Spark merges
     sketches = any(qp.query.approx for qp in plan.queries)
+    # the pruning makes a distinct count's rows value sets (results.value_sets)
+    sets = settings.replay_prune and any(qp.query.distinct for qp in plan.queries)
     # Spark's first job warms up from here on, on the core that measuring and planning leave
     # idle (it needs the queries' streams and measures only, not the plan)
-    warming = _warm_up(spark, plan.streams(), only, sketches) \
+    warming = _warm_up(spark, plan.streams(), only, sketches, sets) \
         if settings.spool.format == "parquet" else None
     if settings.planner.measure_tuples:
         report("measuring", 0)
@@ -319,7 +322,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
                    spool_format=settings.spool.format, keep_answers=True)
     job.timings.update(timings)
     if settings.spool.format == "parquet":
-        job.run_batch(folders, only, sketches)
+        job.run_batch(folders, only, sketches, sets)
     else:  # the Python data source reads Arrow IPC as a stream
         job.run_available_now(folders)
     t0 = time.perf_counter()

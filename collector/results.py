@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from sqlglot import exp
 
-from capture.fields import IP, SKETCH, TS, fields, ip_text, key_field, measures
+from capture.fields import IP, SKETCH, TS, VALUES, fields, ip_text, key_field, measures
 from collector.keys import KeyLayout, binary_buffers
 from collector.lfta import I64_MAX  # the min of NULL measures only
 from collector.spool import TS_US, qmask_words
@@ -179,6 +179,9 @@ def slot_partials(stream: str, merged: pa.Table, resolve: Resolve,
         cols, pattern = layout.decode(node_rows("key", pos))
         if layout.sketch is not None:  # the node's rows carry a sketch of its field
             cols[layout.sketch] = node_rows("hll", pos)
+        spread = None
+        if layout.values is not None:  # a row per value of each row's set (``value_sets``)
+            cols, pattern, spread = _spread_values(layout, cols, pattern, node_rows("vals", pos))
         node: dict[str, pa.Array] = {}  # the node's rows of a column, taken once
         for slot in slots_of(np.bitwise_or.reduce(pattern, axis=0)):
             if slot not in queries:
@@ -197,12 +200,96 @@ def slot_partials(stream: str, merged: pa.Table, resolve: Resolve,
             for k in ["window_start", *meas]:
                 if k not in node:
                     node[k] = node_rows(k, pos)
+                    if spread is not None:  # a row's measures on its first value only
+                        node[k] = node[k].take(spread[k in ("window_start", ROW)])
+                        if k == "cnt":
+                            node[k] = pc.fill_null(node[k], 0)
             parts.setdefault(slot, []).append(pa.table({
                 "window_start": node["window_start"] if at is None else
                 node["window_start"].take(at),
                 **{k: cols[k] if at is None else cols[k].take(at) for k in q.node_keys},
                 **{m: node[m] if at is None else node[m].take(at) for m in meas}}))
     return {s: (queries[s], pa.concat_tables(ts)) for s, ts in parts.items()}
+
+
+def _spread_values(layout: KeyLayout, cols: dict[str, pa.Array], pattern: np.ndarray,
+                   sets: pa.Array) -> tuple[dict[str, pa.Array], np.ndarray, tuple]:
+    """Rows of value sets as a row per value: the key columns and patterns repeated, the set's
+    field decoded; and the indices that repeat a row's columns (``[True]``) or put them on its
+    first value only, NULL on the others (``[False]``)."""
+    lengths = pc.fill_null(pc.list_value_length(sets), 0).to_numpy(zero_copy_only=False)
+    rep = np.repeat(np.arange(len(lengths)), lengths)
+    first = np.zeros(len(rep), bool)
+    first[(np.cumsum(lengths) - lengths)[lengths > 0]] = True
+    values, _ = layout.value_layout().decode(pc.list_flatten(sets))
+    out = {k: v.take(pa.array(rep)) for k, v in cols.items()}
+    out.update(values)
+    return out, pattern[rep], (pa.array(rep, mask=~first), pa.array(rep))
+
+
+def value_sets(stream: str, rows: pa.Table, need: dict[int, np.ndarray], forced: np.ndarray,
+               resolve: Resolve) -> pa.Table:
+    """``rows`` (a pruned folder's) with the rows of each count(DISTINCT f) query that no
+    other query needs made value-set rows: one per (window, the query's keys), carrying the
+    distinct values of f (``vals``; node label ``<keys>,+f``) and its rows' merged counts and
+    measures. Spark then merges a row per group, not per value (the attack applications'
+    130k pruned rows: the most of Spark's merge). ``need``: each slot's rows; a ``forced``
+    row stays as it is."""
+    n = rows.num_rows
+    if not n or not need:
+        return rows
+    users = np.sum(list(need.values()), axis=0)
+    codes = pc.dictionary_encode(rows.column("node").combine_chunks())
+    index = codes.indices.to_numpy(zero_copy_only=False)
+    labels = codes.dictionary.to_pylist()
+    off, data = binary_buffers(rows.column("key"))
+    names = [c for c in rows.column_names if c.split("_", 1)[0] in ("sum", "min", "max")]
+    made, done = [], np.zeros(n, bool)
+    for slot, m in need.items():
+        q = resolve(slot)
+        if q is None or len(q.distinct) != 1 or q.approx or q.distinct[0] in q.keys:
+            continue
+        f = q.distinct[0]
+        mine = m & (users == 1) & ~forced
+        for code, label in enumerate(labels):
+            at = np.flatnonzero(mine & (index == code)) if label else ()
+            if not len(at):
+                continue
+            src = KeyLayout.parse(stream, label)
+            if src.string or src.sketch or src.values or f not in src.keys or \
+                    not set(q.keys) <= set(src.keys):
+                continue
+            dst = KeyLayout(stream, (*q.keys, VALUES + f), src.q_words)
+            width = 8 * src.words
+            words = data[off[at][:, None] + np.arange(width)].view("<i8").reshape(-1, src.words)
+            o = src.offsets()
+            part = pa.table({
+                "window_start": rows.column("window_start").take(at),
+                "key": dst.encode(np.concatenate(
+                    [words[:, o[k][0]:o[k][0] + o[k][1]] for k in dst.keys]
+                    + [words[:, src.field_words:]], axis=1)),
+                "v": dst.value_layout().encode(words[:, o[f][0]:o[f][0] + o[f][1]]),
+                **{c: rows.column(c).take(at) for c in ("cnt", "plan_version", "probe", *names)}})
+            # sorted first: a group's values come out in order, whatever order its rows had
+            part = part.sort_by([("window_start", "ascending"), ("key", "ascending"),
+                                 ("v", "ascending")])
+            g = part.group_by(["window_start", "key"], use_threads=False).aggregate(
+                [("cnt", "sum"), ("v", "distinct"), ("plan_version", "max"),
+                 ("probe", "first"), *((c, c.split("_", 1)[0]) for c in names)])
+            k = g.num_rows
+            got = {"window_start": g.column("window_start"), "key": g.column("key"),
+                   "node": pa.repeat(pa.scalar(dst.label, pa.string()), k),
+                   "cnt": g.column("cnt_sum"), "vals": g.column("v_distinct"),
+                   "plan_version": g.column("plan_version_max"),
+                   "probe": g.column("probe_first"),
+                   **{c: g.column(f"{c}_{c.split('_', 1)[0]}") for c in names}}
+            made.append(pa.Table.from_arrays(
+                [got[c] if c in got else pa.nulls(k, rows.schema.field(c).type)
+                 for c in rows.column_names], schema=rows.schema))
+            done[at] = True
+    if not made:
+        return rows
+    return pa.concat_tables([rows.filter(pa.array(~done)), *made])
 
 
 def selection_parts(rows: pa.Table, resolve: Resolve) -> list[tuple[Query, pa.Table]]:
@@ -502,9 +589,10 @@ def needed_rows(stream: str, rows: pa.Table, resolve: Resolve,
 
 def prune_rows(stream: str, rows: pa.Table, resolve: Resolve,
                forced: np.ndarray | None = None,
-               runs: dict[str, tuple[int, int]] | None = None) -> pa.Table:
+               runs: dict[str, tuple[int, int]] | None = None, sets: bool = True) -> pa.Table:
     """The rows ``needed_rows`` keeps, each with the query bits of the slots that need it
-    (a ``forced`` row as it is). ``runs``: as ``slot_partials``."""
+    (a ``forced`` row as it is); with ``sets``, a distinct count's rows as value sets
+    (``value_sets``). ``runs``: as ``slot_partials``."""
     n = rows.num_rows
     forced = np.zeros(n, bool) if forced is None else forced
     need = needed_rows(stream, rows, resolve, forced, runs)
@@ -535,7 +623,8 @@ def prune_rows(stream: str, rows: pa.Table, resolve: Resolve,
             pattern.astype("<u8").view(np.uint8).reshape(-1)
     key = pa.Array.from_buffers(pa.binary(), len(keys),
                                 [*keys.buffers()[:2], pa.py_buffer(data)], offset=keys.offset)
-    return out.set_column(out.column_names.index("key"), "key", key)
+    out = out.set_column(out.column_names.index("key"), "key", key)
+    return value_sets(stream, out, need, forced, resolve) if sets else out
 
 
 def estimates(groups: list[list[bytes | None]], lg_max_k: int = 21) -> list[int]:

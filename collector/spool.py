@@ -40,8 +40,10 @@ def aggregate_schema(stream: str) -> pa.Schema:
             pa.field("cnt", pa.int64())]
     for m in measures(stream):
         cols += [pa.field(f"{agg}_{m.name}", pa.int64()) for agg in ("sum", "min", "max")]
-    # a node with a sketch key (~dst_ip): the row's HyperLogLog sketch (DataSketches, compact)
-    cols += [pa.field("hll", pa.binary()), pa.field("probe", pa.string())]
+    # a node with a sketch key (~dst_ip): the row's HyperLogLog sketch (DataSketches, compact);
+    # with a value-set key (+dst_ip): the distinct values of the field in the row's group
+    cols += [pa.field("hll", pa.binary()), pa.field("vals", pa.list_(pa.binary())),
+             pa.field("probe", pa.string())]
     return pa.schema(cols)
 
 

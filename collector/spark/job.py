@@ -5,6 +5,7 @@ registered query. It merges partial aggregates under a watermark and writes each
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -193,12 +194,14 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
 
 
 def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None,
-                   only: Collection[str] | None = None, sketches: bool = True) -> DataFrame:
+                   only: Collection[str] | None = None, sketches: bool = True,
+                   sets: bool = False) -> DataFrame:
     """Merge the partials of each (window, node, key), from any number of capture daemons,
     under the watermark. The key is one binary value (collector/keys.py): the group never
     spans the catalogue's columns and no row is exploded per query. ``only``: the measures
     the queries read (a batch job's queries are known), the others are left out;
-    ``sketches``: False when no query counts approximately (no row carries a sketch)."""
+    ``sketches``: False when no query counts approximately (no row carries a sketch);
+    ``sets``: rows may carry value sets (``replay``'s pruning makes them)."""
     aggs = [F.sum("cnt").alias("cnt")]
     for m in measures(stream):
         if only is not None and m.name not in only:
@@ -213,13 +216,21 @@ def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None,
     # apart: Spark's hll_union_agg (DataSketches, so sketches of every capture daemon unite)
     # is an object aggregate, which would take the hash aggregation away from every row
     # (2.3x the merge time on the backbone bench's 50 queries)
-    plain = df.where(F.col("hll").isNull()).groupBy(*keys).agg(*aggs) \
-        .withColumn("hll", F.lit(None).cast("binary"))
-    if not sketches:
-        return plain
-    sketched = df.where(F.col("hll").isNotNull()).groupBy(*keys).agg(
-        *aggs, F.hll_union_agg("hll", True).alias("hll"))
-    return plain.unionByName(sketched)
+    no_set = F.lit(None).cast("array<binary>")
+    plain = df.where(F.col("hll").isNull() & (F.col("vals").isNull() if sets else F.lit(True))) \
+        .groupBy(*keys).agg(*aggs) \
+        .withColumn("hll", F.lit(None).cast("binary")).withColumn("vals", no_set)
+    out = [plain]
+    if sketches:
+        out.append(df.where(F.col("hll").isNotNull()).groupBy(*keys).agg(
+            *aggs, F.hll_union_agg("hll", True).alias("hll")).withColumn("vals", no_set))
+    if sets:  # the value sets of a group's rows, concatenated (collect_list: an object
+        # aggregate too); the driver counts their distinct values. Spark's array_distinct
+        # compares binary values pairwise (no hashing): 5k values a set took seconds
+        out.append(df.where(F.col("vals").isNotNull()).groupBy(*keys).agg(
+            *aggs, F.flatten(F.collect_list("vals")).alias("vals"))
+            .withColumn("hll", F.lit(None).cast("binary")))
+    return functools.reduce(lambda a, b: a.unionByName(b), out)
 
 
 BYPASS_PARTIAL = "spark.sql.execution.bypassPartialAggregation"
@@ -265,11 +276,12 @@ def batch_merge(spark: SparkSession, interpreted: bool = False):
 
 
 def warm_up(spark: SparkSession, streams: list[str], only: Collection[str] | None = None,
-            interpreted: bool = True, sketches: bool = True) -> None:
+            interpreted: bool = True, sketches: bool = True, sets: bool = False) -> None:
     """Run the batch merge (of the measures in ``only``) once on a one-row spool file, so that
     the JVM has loaded, compiled and code-generated what the real job needs (``replay`` does
     this while it reads; the code of another set of measures is other code: 1.5 s more).
-    ``interpreted``: as a merge of few rows runs (``batch_merge``), most merges."""
+    ``interpreted``: as a merge of few rows runs (``batch_merge``), most merges; ``sketches``
+    and ``sets``: as ``merge_partials``."""
     import tempfile
 
     import pyarrow.parquet as pq
@@ -284,7 +296,7 @@ def warm_up(spark: SparkSession, streams: list[str], only: Collection[str] | Non
             df = spark.read.schema(spark_ddl(schema)).parquet(f"{d}/{stream}.parquet")
             if interpreted:
                 df = small_merge(df)
-            merge_partials(df, stream, None, only, sketches).toArrow()
+            merge_partials(df, stream, None, only, sketches, sets).toArrow()
     class_dump_ready()
 
 
@@ -431,17 +443,17 @@ class SparkJob:
                 raise RuntimeError(f"Spark query {sq.name} failed: {sq.exception()}")
 
     def run_batch(self, folders: list[tuple[str, str]], only: Collection[str] | None = None,
-                  sketches: bool = True) -> None:
+                  sketches: bool = True, sets: bool = False) -> None:
         """Answer a finite spool (``replay``) with one batch job per folder: the same merge as
         the streaming queries', without a watermark to wait for or state to keep (a bounded
         input is Spark's batch case), of the measures in ``only`` (default: all; a measure
         no query reads costs Spark three aggregates per row). The spool's files are left in
-        place. ``sketches``: as ``merge_partials``."""
+        place. ``sketches`` and ``sets``: as ``merge_partials``."""
         for stream, folder in folders:
-            self._run_batch(stream, folder, only, sketches)
+            self._run_batch(stream, folder, only, sketches, sets)
 
     def _run_batch(self, stream: str, folder: str, only: Collection[str] | None,
-                   sketches: bool) -> None:
+                   sketches: bool, sets: bool) -> None:
         import pyarrow.parquet as pq
 
         path = self.spool_root / stream / folder
@@ -454,14 +466,16 @@ class SparkJob:
             rows = None
         small = rows is not None and rows <= INTERPRET_MAX_ROWS
         with batch_merge(self.spark, interpreted=small):
-            self._merge_batch(stream, folder, path, only, sketches, small)
+            self._merge_batch(stream, folder, path, only, sketches, sets, small)
 
     def _merge_batch(self, stream: str, folder: str, path: Path,
-                     only: Collection[str] | None, sketches: bool, small: bool) -> None:
+                     only: Collection[str] | None, sketches: bool, sets: bool,
+                     small: bool) -> None:
         df = (self.spark.read.schema(spark_ddl(schema_for(stream, folder)))
               .parquet(str(path)))
         if folder != "select":
-            df = merge_partials(small_merge(df) if small else df, stream, None, only, sketches)
+            df = merge_partials(small_merge(df) if small else df, stream, None, only, sketches,
+                                sets)
         t0 = time.perf_counter()
         table = df.toArrow()
         t1 = time.perf_counter()

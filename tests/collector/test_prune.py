@@ -191,6 +191,54 @@ def test_groups_spooled_before_are_kept_whole(case, data):
         set(kept.column("key").to_pylist()), "a forced row is kept as it is"
 
 
+
+def test_a_distinct_count_s_rows_become_value_sets_that_spark_merges(case, spark, tmp_path):
+    """The rows only a count(DISTINCT f) query needs become a row per (window, its keys) with
+    the distinct values of f (``vals``): fewer rows, the same answers. Spark merges such rows
+    of several writers, each holding part of a group's values (overlapping) and of its
+    counts: the answers are those of all the rows."""
+    import pyarrow.compute as pc
+
+    from collector.metrics import Metrics
+    from collector.spark.job import SparkJob
+    from collector.spool import as_spool_table
+
+    _, rows, resolve, want = case
+    plain = prune_rows("packets", rows, resolve, sets=False)
+    sets = prune_rows("packets", rows, resolve)
+    has = pc.is_valid(sets.column("vals")).to_numpy(zero_copy_only=False)
+    assert has.any() and sets.num_rows < plain.num_rows
+    assert {label.split("#")[0] for label in sets.column("node").filter(pa.array(has))
+            .to_pylist()} == {"+dst_port,src_ip"}, "the fanout query's rows"
+    assert answers(sets, resolve) == answers(plain, resolve) == want
+    # two writers: the first holds each set's first half of values and the counts, the
+    # second the other half and the first value again, with no counts of its own
+    lists = sets.column("vals").to_pylist()
+    first = [v if v is None else v[:max(1, len(v) // 2)] for v in lists]
+    second = [v if v is None else [*v[len(v) // 2:], v[0]] for v in lists]
+    a = sets.set_column(sets.column_names.index("vals"), "vals",
+                        pa.array(first, sets.schema.field("vals").type))
+    b = sets.set_column(sets.column_names.index("vals"), "vals",
+                        pa.array(second, sets.schema.field("vals").type)).filter(pa.array(has))
+    b = b.set_column(b.column_names.index("cnt"), "cnt", pa.array(np.zeros(b.num_rows, np.int64)))
+    for c in b.column_names:
+        if c.split("_", 1)[0] in ("sum", "min", "max"):
+            b = b.set_column(b.column_names.index(c), c, pa.nulls(b.num_rows, pa.int64()))
+    spool = Spool(tmp_path / "spool")
+    for t in (a, b):
+        spool.write("packets", "10", as_spool_table("packets", "10", t), "force")
+    job = SparkJob(spark, tmp_path / "spool", tmp_path / "results", tmp_path / "ck", resolve,
+                   1, Metrics(), keep_answers=True)
+    job.run_batch([("packets", "10")], sets=True)
+    got = {}
+    for q in {resolve(s).name: resolve(s) for s in range(64) if resolve(s)}.values():
+        if q.parent is None:
+            got[q.name] = sorted(map(repr, rows_of(q, job.answer(q))))
+    for name, r in want.items():
+        if name in got:
+            assert got[name] == r, name
+    assert got["fanout"]
+
 def test_replay_leaves_out_rows_and_answers_the_same(spark, tmp_path, monkeypatch):
     """Through replay and Spark: the same answers with and without leaving rows out, and the
     rows left out counted; also when the rows kept in memory outgrow their bound (they go to
