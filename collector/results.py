@@ -236,7 +236,7 @@ def value_sets(stream: str, rows: pa.Table, need: dict[int, np.ndarray], forced:
     130k pruned rows: the most of Spark's merge). ``need``: each slot's rows; a ``forced``
     row stays as it is."""
     n = rows.num_rows
-    if not n or not need:
+    if not n or not need or "vals" not in rows.column_names:  # a spool of before value sets
         return rows
     users = np.sum(list(need.values()), axis=0)
     codes = pc.dictionary_encode(rows.column("node").combine_chunks())
