@@ -200,8 +200,10 @@ def slot_partials(stream: str, merged: pa.Table, resolve: Resolve,
             for k in ["window_start", *meas]:
                 if k not in node:
                     node[k] = node_rows(k, pos)
-                    if spread is not None:  # a row's measures on its first value only
-                        node[k] = node[k].take(spread[k in ("window_start", ROW)])
+                    if spread is not None:  # a row's counts and measures on its first value
+                        repeat, first_only = spread
+                        node[k] = node[k].take(repeat if k in ("window_start", ROW)
+                                               else first_only)
                         if k == "cnt":
                             node[k] = pc.fill_null(node[k], 0)
             parts.setdefault(slot, []).append(pa.table({
@@ -213,10 +215,11 @@ def slot_partials(stream: str, merged: pa.Table, resolve: Resolve,
 
 
 def _spread_values(layout: KeyLayout, cols: dict[str, pa.Array], pattern: np.ndarray,
-                   sets: pa.Array) -> tuple[dict[str, pa.Array], np.ndarray, tuple]:
+                   sets: pa.Array
+                   ) -> tuple[dict[str, pa.Array], np.ndarray, tuple[pa.Array, pa.Array]]:
     """Rows of value sets as a row per value: the key columns and patterns repeated, the set's
-    field decoded; and the indices that repeat a row's columns (``[True]``) or put them on its
-    first value only, NULL on the others (``[False]``)."""
+    field decoded; and two take indices for a row's other columns: one that repeats it on
+    every value, one that puts it on its first value only (NULL on the others)."""
     lengths = pc.fill_null(pc.list_value_length(sets), 0).to_numpy(zero_copy_only=False)
     rep = np.repeat(np.arange(len(lengths)), lengths)
     first = np.zeros(len(rep), bool)
@@ -224,7 +227,7 @@ def _spread_values(layout: KeyLayout, cols: dict[str, pa.Array], pattern: np.nda
     values, _ = layout.value_layout().decode(pc.list_flatten(sets))
     out = {k: v.take(pa.array(rep)) for k, v in cols.items()}
     out.update(values)
-    return out, pattern[rep], (pa.array(rep, mask=~first), pa.array(rep))
+    return out, pattern[rep], (pa.array(rep), pa.array(rep, mask=~first))
 
 
 def value_sets(stream: str, rows: pa.Table, need: dict[int, np.ndarray], forced: np.ndarray,
@@ -243,7 +246,8 @@ def value_sets(stream: str, rows: pa.Table, need: dict[int, np.ndarray], forced:
     index = codes.indices.to_numpy(zero_copy_only=False)
     labels = codes.dictionary.to_pylist()
     off, data = binary_buffers(rows.column("key"))
-    names = [c for c in rows.column_names if c.split("_", 1)[0] in ("sum", "min", "max")]
+    merged = {f"{a}_{m.name}": a for m in measures(stream) for a in ("sum", "min", "max")
+              if f"{a}_{m.name}" in rows.column_names}  # column: how a group merges it
     made, done = [], np.zeros(n, bool)
     for slot, m in need.items():
         q = resolve(slot)
@@ -269,20 +273,21 @@ def value_sets(stream: str, rows: pa.Table, need: dict[int, np.ndarray], forced:
                     [words[:, o[k][0]:o[k][0] + o[k][1]] for k in dst.keys]
                     + [words[:, src.field_words:]], axis=1)),
                 "v": dst.value_layout().encode(words[:, o[f][0]:o[f][0] + o[f][1]]),
-                **{c: rows.column(c).take(at) for c in ("cnt", "plan_version", "probe", *names)}})
+                **{c: rows.column(c).take(at) for c in ("cnt", "plan_version", "probe",
+                                                         *merged)}})
             # sorted first: a group's values come out in order, whatever order its rows had
             part = part.sort_by([("window_start", "ascending"), ("key", "ascending"),
                                  ("v", "ascending")])
             g = part.group_by(["window_start", "key"], use_threads=False).aggregate(
                 [("cnt", "sum"), ("v", "distinct"), ("plan_version", "max"),
-                 ("probe", "first"), *((c, c.split("_", 1)[0]) for c in names)])
+                 ("probe", "first"), *merged.items()])
             k = g.num_rows
             got = {"window_start": g.column("window_start"), "key": g.column("key"),
                    "node": pa.repeat(pa.scalar(dst.label, pa.string()), k),
                    "cnt": g.column("cnt_sum"), "vals": g.column("v_distinct"),
                    "plan_version": g.column("plan_version_max"),
                    "probe": g.column("probe_first"),
-                   **{c: g.column(f"{c}_{c.split('_', 1)[0]}") for c in names}}
+                   **{c: g.column(f"{c}_{a}") for c, a in merged.items()}}
             made.append(pa.Table.from_arrays(
                 [got[c] if c in got else pa.nulls(k, rows.schema.field(c).type)
                  for c in rows.column_names], schema=rows.schema))
