@@ -118,3 +118,41 @@ def test_probes_sharing_the_spool_hold_slots_too(tmp_path):
         control.job = None
         control.stop()
         probe.stop()
+
+
+def test_a_registered_query_never_looks_deleted_while_plans_are_rebuilt(tmp_path):
+    """Spark's batch thread resolves the slots of the partials it merges while registrations
+    rebuild the plan: a query registered throughout resolves to itself at every moment (a
+    moment's None skips its partials of a whole Spark batch: windows missing from its
+    answers). The switch interval is made tiny so the threads interleave often."""
+    import sys
+
+    c = Collector(load_settings(var_dir=tmp_path / "var", initial_queries=None, sources=[]))
+    c.start(with_sources=False, with_spark=False)
+    stop, misses, looks = threading.Event(), [], [0]
+    try:
+        c.job = SparkStub()
+        c.register("stable", Q)
+        slot = c.query("stable")[1]
+
+        def spark_thread() -> None:
+            while not stop.is_set():
+                q = c.query_of_slot(slot)
+                looks[0] += 1
+                if q is None or q.name != "stable":
+                    misses.append(q)
+        t = threading.Thread(target=spark_thread, daemon=True)
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        try:
+            t.start()
+            for i in range(150):
+                c.register(f"churn{i}", Q.replace("src_ip", "dst_ip"))
+                assert c.delete(f"churn{i}")
+        finally:
+            stop.set()
+            t.join(10)
+            sys.setswitchinterval(interval)
+    finally:
+        c.stop()
+    assert looks[0] > 0 and misses == []
