@@ -198,6 +198,9 @@ def test_register_and_delete_1000_queries_under_traffic(tmp_path, spark):
         wait_for(lambda: metric(client.get("/metrics").text, "flowsieve_packets_in_total",
                                 'source="traffic"') == written, 120, "every packet read")
         versions = client.get("/prefilter/versions", params={"limit": 100_000}).json()
+        # for the message of a failed comparison: rows Spark dropped as late
+        late = [line for line in client.get("/metrics").text.splitlines()
+                if line.startswith("flowsieve_spark_late_rows_total")]
         lap("every packet read")
     finally:
         feeder.stop.set()
@@ -221,7 +224,14 @@ def test_register_and_delete_1000_queries_under_traffic(tmp_path, spark):
     def check(name: str, want: list[dict], got: list[dict], since: float, before: float):
         w = whole_windows(want, since, before, SWAP)
         g = whole_windows(got, since, before, SWAP)
-        assert g == w, (name, since, before)
+        if g != w:  # what the daemon said of skipped partials and late rows, to diagnose
+            said = [line for line in (tmp_path / "daemon.log").read_text().splitlines()
+                    if "holds slot" in line or "late" in line]
+            missing = sorted({r["t"] for r in w} - {r["t"] for r in g})
+            extra = sorted({r["t"] for r in g} - {r["t"] for r in w})
+            pytest.fail(f"{name}: windows {since}..{before}: missing {missing}, not in the "
+                        f"replay {extra}, other rows differ: {not missing and not extra}; "
+                        f"{late}; daemon log: {said[-20:]}")
 
     alone = {n: STABLE[n] for n in STABLE}
     sample = random.Random(7).sample(names[:500], 1) + random.Random(8).sample(names[500:], 1)
