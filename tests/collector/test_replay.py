@@ -345,6 +345,8 @@ FROM packets WHERE regexp(dns_an_name, '.') GROUP BY time/10, dns_an_name, dns_a
         {k: (distinct(v, "dst_ip"), distinct(v, "dst_port"), len(v), sum(w for _, w in v))
          for k, v in fanout.items()}
     assert len({k[0] for k in fanout}) >= 4, "several windows"
+    # Spark's batch job wrote each query's windows as one part, not a file per window
+    assert len(list((tmp_path / "results" / "fanout").glob("*.parquet"))) == 1
     # HyperLogLog below its exact-list threshold counts these small sets exactly
     assert {(r["t"], r["src_ip"]): (r["dsts"], r["n"], r["bytes"])
             for r in got["fanout_approx"]} == \
