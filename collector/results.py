@@ -254,11 +254,12 @@ def value_sets(stream: str, rows: pa.Table, need: dict[int, np.ndarray], forced:
         if q is None or len(q.distinct) != 1 or q.approx or q.distinct[0] in q.keys:
             continue
         f = q.distinct[0]
-        mine = m & (users == 1) & ~forced
-        for code, label in enumerate(labels):
-            at = np.flatnonzero(mine & (index == code)) if label else ()
-            if not len(at):
+        mine = np.flatnonzero(m & (users == 1) & ~forced)
+        for code in np.unique(index[mine]).tolist():  # the nodes of its rows
+            label = labels[code]
+            if not label:
                 continue
+            at = mine[index[mine] == code]
             src = KeyLayout.parse(stream, label)
             if src.string or src.sketch or src.values or f not in src.keys or \
                     not set(q.keys) <= set(src.keys):
