@@ -41,6 +41,10 @@ class Field:
     groupable: bool
     measure: bool
     doc: str
+    # a small integer code: its values lie below this (0: not small); the LFTA aggregates a
+    # node keyed only on such fields in a directly indexed array (a value outside, or NULL,
+    # takes the hash table: a wrong bound costs speed, never an answer)
+    values: int = 0
 
     @property
     def arrow_type(self) -> pa.DataType:
@@ -53,8 +57,8 @@ class Field:
         return self.kind in (STRING, BYTES) or self.group == "dns_an"
 
 
-def _f(name, stream, kind, group, cost, group_cost, groupable, measure, doc):
-    return Field(name, stream, kind, group, cost, group_cost, groupable, measure, doc)
+def _f(name, stream, kind, group, cost, group_cost, groupable, measure, doc, values=0):
+    return Field(name, stream, kind, group, cost, group_cost, groupable, measure, doc, values)
 
 
 P = "packets"
@@ -64,37 +68,40 @@ PACKET_FIELDS: tuple[Field, ...] = (
     _f("iface", P, INT32, "meta", 1, 0, True, False, "pcapng interface id or source index"),
     _f("caplen", P, INT32, "meta", 1, 0, False, True, "captured length"),
     _f("wirelen", P, INT32, "meta", 1, 0, False, True, "original length on the wire"),
-    _f("eth_type", P, INT32, "link", 2, 1, True, False, "EtherType after VLAN/MPLS"),
-    _f("vlan", P, INT32, "link", 3, 1, True, False, "outer VLAN id"),
-    _f("vlan_inner", P, INT32, "link", 3, 1, True, False, "inner VLAN id"),
+    _f("eth_type", P, INT32, "link", 2, 1, True, False, "EtherType after VLAN/MPLS", values=65536),
+    _f("vlan", P, INT32, "link", 3, 1, True, False, "outer VLAN id", values=4096),
+    _f("vlan_inner", P, INT32, "link", 3, 1, True, False, "inner VLAN id", values=4096),
     _f("mpls_label", P, INT32, "link", 3, 1, True, False, "top MPLS label"),
-    _f("ip_version", P, INT32, "ip", 3, 1, True, False, "4 or 6"),
+    _f("ip_version", P, INT32, "ip", 3, 1, True, False, "4 or 6", values=16),
     _f("src_ip", P, IP, "ip", 4, 1, True, False, "source address"),
     _f("dst_ip", P, IP, "ip", 4, 1, True, False, "destination address"),
     _f("protocol", P, INT32, "ip", 3, 1, True, False,
-       "final upper-layer protocol (after IPv6 extension headers)"),
-    _f("ttl", P, INT32, "ip", 3, 1, True, False, "IPv4 TTL or IPv6 hop limit"),
-    _f("tos", P, INT32, "ip", 3, 1, True, False, "IPv4 TOS or IPv6 traffic class"),
+       "final upper-layer protocol (after IPv6 extension headers)", values=256),
+    _f("ttl", P, INT32, "ip", 3, 1, True, False, "IPv4 TTL or IPv6 hop limit", values=256),
+    _f("tos", P, INT32, "ip", 3, 1, True, False, "IPv4 TOS or IPv6 traffic class", values=256),
     _f("ip_id", P, INT32, "ip", 3, 1, True, False, "IPv4 identification / IPv6 fragment id"),
     _f("frag_offset", P, INT32, "ip", 3, 1, True, False, "fragment offset in bytes"),
-    _f("more_fragments", P, INT32, "ip", 3, 1, True, False, "MF flag (0/1)"),
-    _f("dont_fragment", P, INT32, "ip", 3, 1, True, False, "DF flag (0/1)"),
+    _f("more_fragments", P, INT32, "ip", 3, 1, True, False, "MF flag (0/1)", values=2),
+    _f("dont_fragment", P, INT32, "ip", 3, 1, True, False, "DF flag (0/1)", values=2),
     _f("ip_len", P, INT32, "ip", 3, 1, True, True,
        "IP packet length: IPv4 total length, IPv6 payload length + 40"),
-    _f("src_port", P, INT32, "l4", 4, 1, True, False, "TCP, UDP or SCTP source port"),
-    _f("dst_port", P, INT32, "l4", 4, 1, True, False, "TCP, UDP or SCTP destination port"),
-    _f("tcp_flags", P, INT32, "l4", 4, 1, True, False, "TCP flags byte (CWR..FIN)"),
-    _f("icmp_type", P, INT32, "l4", 4, 1, True, False, "ICMP / ICMPv6 type"),
-    _f("icmp_code", P, INT32, "l4", 4, 1, True, False, "ICMP / ICMPv6 code"),
+    _f("src_port", P, INT32, "l4", 4, 1, True, False, "TCP, UDP or SCTP source port",
+       values=65536),
+    _f("dst_port", P, INT32, "l4", 4, 1, True, False, "TCP, UDP or SCTP destination port",
+       values=65536),
+    _f("tcp_flags", P, INT32, "l4", 4, 1, True, False, "TCP flags byte (CWR..FIN)", values=256),
+    _f("icmp_type", P, INT32, "l4", 4, 1, True, False, "ICMP / ICMPv6 type", values=256),
+    _f("icmp_code", P, INT32, "l4", 4, 1, True, False, "ICMP / ICMPv6 code", values=256),
     _f("dns_id", P, INT32, "dns", 5, 1, True, False, "DNS transaction id"),
-    _f("dns_qr", P, INT32, "dns", 5, 1, True, False, "DNS QR bit (0 query, 1 response)"),
-    _f("dns_opcode", P, INT32, "dns", 5, 1, True, False, "DNS opcode"),
-    _f("dns_rcode", P, INT32, "dns", 5, 1, True, False, "DNS response code"),
+    _f("dns_qr", P, INT32, "dns", 5, 1, True, False, "DNS QR bit (0 query, 1 response)", values=2),
+    _f("dns_opcode", P, INT32, "dns", 5, 1, True, False, "DNS opcode", values=16),
+    _f("dns_rcode", P, INT32, "dns", 5, 1, True, False, "DNS response code", values=16),
     _f("dns_qdcount", P, INT32, "dns", 5, 1, True, False, "DNS question count"),
     _f("dns_ancount", P, INT32, "dns", 5, 1, True, False, "DNS answer count"),
     _f("dns_qname", P, STRING, "dns_name", 40, 40, True, False,
        "first query name, lower case, no trailing dot"),
-    _f("dns_an_type", P, INT32, "dns_an", 40, 1, True, False, "first answer record's type"),
+    _f("dns_an_type", P, INT32, "dns_an", 40, 1, True, False, "first answer record's type",
+       values=65536),
     _f("dns_an_ttl", P, INT32, "dns_an", 40, 1, True, False,
        "first answer record's TTL in seconds (0 when its top bit is set, RFC 2181)"),
     _f("dns_an_name", P, STRING, "dns_an", 60, 20, True, False,
@@ -110,23 +117,23 @@ FLOW_FIELDS: tuple[Field, ...] = (
     _f("exporter", F, IP, "flow", 1, 0, True, False, "exporter address"),
     _f("observation_domain", F, INT64, "flow", 1, 0, True, False,
        "v9 source id or IPFIX observation domain"),
-    _f("version", F, INT32, "flow", 1, 0, True, False, "5, 9 or 10"),
+    _f("version", F, INT32, "flow", 1, 0, True, False, "5, 9 or 10", values=16),
     _f("template_id", F, INT32, "flow", 1, 0, True, False, "template of the record"),
     _f("first_switched", F, TS, "flow", 1, 0, False, False, "flow start"),
     _f("last_switched", F, TS, "flow", 1, 0, False, False, "flow end"),
     _f("export_time", F, TS, "flow", 1, 0, False, False, "export time of the datagram"),
     _f("time", F, INT64, "flow", 1, 0, False, False, "epoch seconds of first_switched"),
-    _f("ip_version", F, INT32, "flow", 1, 0, True, False, "4 or 6"),
+    _f("ip_version", F, INT32, "flow", 1, 0, True, False, "4 or 6", values=16),
     _f("src_ip", F, IP, "flow", 1, 0, True, False, "source address"),
     _f("dst_ip", F, IP, "flow", 1, 0, True, False, "destination address"),
     _f("next_hop", F, IP, "flow", 1, 0, True, False, "next-hop address"),
-    _f("src_port", F, INT32, "flow", 1, 0, True, False, "source port"),
-    _f("dst_port", F, INT32, "flow", 1, 0, True, False, "destination port"),
-    _f("protocol", F, INT32, "flow", 1, 0, True, False, "IP protocol"),
-    _f("tos", F, INT32, "flow", 1, 0, True, False, "type of service"),
-    _f("tcp_flags", F, INT32, "flow", 1, 0, True, False, "cumulative TCP flags"),
-    _f("icmp_type", F, INT32, "flow", 1, 0, True, False, "ICMP type"),
-    _f("icmp_code", F, INT32, "flow", 1, 0, True, False, "ICMP code"),
+    _f("src_port", F, INT32, "flow", 1, 0, True, False, "source port", values=65536),
+    _f("dst_port", F, INT32, "flow", 1, 0, True, False, "destination port", values=65536),
+    _f("protocol", F, INT32, "flow", 1, 0, True, False, "IP protocol", values=256),
+    _f("tos", F, INT32, "flow", 1, 0, True, False, "type of service", values=256),
+    _f("tcp_flags", F, INT32, "flow", 1, 0, True, False, "cumulative TCP flags", values=256),
+    _f("icmp_type", F, INT32, "flow", 1, 0, True, False, "ICMP type", values=256),
+    _f("icmp_code", F, INT32, "flow", 1, 0, True, False, "ICMP code", values=256),
     _f("packets", F, INT64, "flow", 1, 0, False, True, "packets as exported"),
     _f("bytes", F, INT64, "flow", 1, 0, False, True, "bytes as exported"),
     _f("sampling_interval", F, INT64, "flow", 1, 0, True, False, "1 when unsampled"),
@@ -136,9 +143,9 @@ FLOW_FIELDS: tuple[Field, ...] = (
     _f("output_if", F, INT64, "flow", 1, 0, True, False, "output interface index"),
     _f("src_as", F, INT64, "flow", 1, 0, True, False, "source AS"),
     _f("dst_as", F, INT64, "flow", 1, 0, True, False, "destination AS"),
-    _f("src_mask", F, INT32, "flow", 1, 0, True, False, "source prefix length"),
-    _f("dst_mask", F, INT32, "flow", 1, 0, True, False, "destination prefix length"),
-    _f("direction", F, INT32, "flow", 1, 0, True, False, "0 ingress, 1 egress"),
+    _f("src_mask", F, INT32, "flow", 1, 0, True, False, "source prefix length", values=129),
+    _f("dst_mask", F, INT32, "flow", 1, 0, True, False, "destination prefix length", values=129),
+    _f("direction", F, INT32, "flow", 1, 0, True, False, "0 ingress, 1 egress", values=2),
 )
 
 # Cost of finding a group's header (walking the layers in front of it), paid once when the group

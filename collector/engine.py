@@ -227,9 +227,10 @@ class Engine:
         """(groups held, bytes) of the running plan's LFTA tables."""
         with self._data:
             c = self._c
-            tables = [x for fp in (c.folders if c else []) for t in fp.tables
-                      for x in t.tables()]
-            return sum(len(t) for t in tables), sum(t.nbytes for t in tables)
+            nodes = [t for fp in (c.folders if c else []) for t in fp.tables]
+            tables = [x for t in nodes for x in t.tables()]
+            return sum(len(t) for t in tables), \
+                sum(t.nbytes for t in tables) + sum(t.dense.nbytes for t in nodes if t.dense)
 
     def residual_state(self) -> dict | None:
         """The running order of the residual predicates (for GET /prefilter)."""

@@ -61,7 +61,8 @@ class Metrics:
         self.lfta_entries = Gauge("flowsieve_lfta_entries",
                                   "Groups held in the LFTA tables now", ["stream"], registry=r)
         self.lfta_bytes = Gauge("flowsieve_lfta_bytes",
-                                "Memory of the LFTA tables (bounded by lfta.capacity per node)",
+                                "Memory of the LFTA tables (bounded by lfta.capacity per "
+                                "node) and direct arrays",
                                 ["stream"], registry=r)
         om = ["stream", "node"]
         self.om_rounds = Counter("flowsieve_om_rounds", "Windows OM scheduled a plan for, by "

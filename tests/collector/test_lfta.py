@@ -152,13 +152,17 @@ def test_real_capture_equals_dpkt(name):
 @pytest.mark.parametrize("name", ["wikipedia.pcap", "icmp6.pcap", "mixed-vlan-mpls.pcap",
                                   "ipv6-fragmented-dns.pcap"])
 @pytest.mark.parametrize("keys", [("src_ip", "dst_port"), ("protocol",),
-                                  ("dst_ip", "src_ip", "ttl")])
+                                  ("dst_ip", "src_ip", "ttl"), ("ip_version", "ttl"), ()])
 def test_node_table_merges_columns_as_it_merges_key_rows(name, keys):
-    """The engine's path (``merge_tuples`` builds each tuple's key from the batch's columns)
-    gives the partials of the path the test above checks against dpkt (key rows built by
-    ``rows_of``, then ``PartialTable.merge``), through tables small enough to fill often."""
+    """The engine's path (``merge_tuples`` builds each tuple's key from the batch's columns;
+    a node keyed on small codes only merges through its directly indexed array,
+    ``merge_dense``) gives the partials of the path the test above checks against dpkt (key
+    rows built by ``rows_of``, then ``PartialTable.merge``), through tables small enough to
+    fill often."""
     lfta = LftaConfig(capacity=16, max_load=0.5)
     fused = NodeTable("packets", 60, keys, [0, 2, 65], 2, lfta)
+    assert (fused.dense is not None) == all(k in ("protocol", "ip_version", "ttl")
+                                            for k in keys)
     ref = PartialTable(fused.table.key_words, len(fused.measures), 16, 0.5)
     out_fused, out_ref = [], []
     for raw in open_capture(capture(name), batch_size=61):
@@ -173,12 +177,60 @@ def test_node_table_merges_columns_as_it_merges_key_rows(name, keys):
         if got is not None:
             out_ref += ref.merge(got[0])
         parts = fused.table.merge_batch(Q, fused.mask, tb.time, fused.period,
-                                        *fused.columns(BatchColumns(tb)))
+                                        *fused.columns(BatchColumns(tb)), None, fused.dense)
         out_fused += parts
     out_fused.append(fused.table.flush_all())
     out_ref.append(ref.flush_all())
     assert merged(out_fused) == merged(out_ref)
     assert fused.table.stats.rows_in == ref.stats.rows_in > 0
+
+
+def _flushed(parts: list[Partials]) -> list[list]:
+    """Each flush's rows, in key order (a table's slots are in hash order)."""
+    return [sorted(zip(map(tuple, p.keys.tolist()), p.cnt.tolist(), p.sums.tolist(),
+                       p.mins.tolist(), p.maxs.tolist(), strict=True)) for p in parts]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.lists(st.tuples(st.sampled_from([0, 30, 60, 61, 150, 400]),
+                                   st.integers(-1, 5), st.integers(-1, 2),
+                                   st.integers(0, 7), st.integers(-1, 1500)),
+                         min_size=1, max_size=50), min_size=1, max_size=6),
+       st.sampled_from([16, 32, 64]), st.sampled_from([[0], [1, 3], [0, 64, 70]]))
+def test_the_directly_indexed_array_merges_as_the_hash_table_does(batches, capacity, slots):
+    """``merge_dense`` against ``merge_tuples`` on the same batches: key values inside and
+    outside their radix and NULL, windows that change within a batch, patterns over two
+    words, NULL measures, tables small enough to fill: the same rows leave in the same
+    flushes, with the same counts."""
+    from collector.lfta import DenseFront
+    mask = np.zeros(2, np.uint64)
+    for s in slots:
+        mask[s // 64] |= np.uint64(1) << np.uint64(s % 64)
+    front = DenseFront([4, 3], mask, 1)  # values 0-3 and 0-2: the others go to the table
+    plain, dense = (PartialTable(1 + 2 + 2, 1, capacity, 0.5) for _ in range(2))
+    kinds, idx, meas = np.zeros(2, np.int8), np.array([0, 1], np.int64), np.array([2])
+    out_plain, out_dense = [], []
+    for batch in batches:
+        rows = np.array(batch, np.int64)
+        ints = np.ascontiguousarray(rows[:, [1, 2, 4]].T)
+        Q = np.zeros((len(rows), 2), np.uint64)
+        for b in range(3):  # the pattern: bit b of column 3 sets slot slots[b] (if any)
+            for k, s in enumerate(slots):
+                if k == b:
+                    on = ((rows[:, 3] >> b) & 1).astype(np.uint64)
+                    Q[:, s // 64] |= on << np.uint64(s % 64)
+        Q[:, 0] |= np.uint64(1) << np.uint64(5)  # a slot of another node
+        time = rows[:, 0].copy()
+        ips = np.zeros((0, len(rows), 3), np.int64)
+        out_plain += plain.merge_batch(Q, mask, time, 60, ints, ips, kinds, idx, meas)
+        out_dense += dense.merge_batch(Q, mask, time, 60, ints, ips, kinds, idx, meas,
+                                       dense=front)
+        assert len(dense) == len(plain) <= dense.limit
+        assert not front.arrays()[3].any()  # the array is empty between batches
+    out_plain.append(plain.flush_all())
+    out_dense.append(dense.flush_all())
+    assert _flushed(out_dense) == _flushed(out_plain)
+    assert dense.stats == plain.stats
 
 
 # a statistical bound: 3 standard deviations hold in 99.7 % of draws, so over the ~100 checks
