@@ -113,9 +113,24 @@ def edge_cost(size: SizeFn, hash_cost: HashCostFn, out_cost: float = 0.0,
     return cost
 
 
+def memo_edges(edge: Callable[[AggNode, AggNode], float]
+               ) -> Callable[[AggNode, AggNode], float]:
+    """``edge`` with each pair's cost computed once (Algorithm 1 meets the same edges in
+    every iteration)."""
+    cache: dict[tuple[AggNode, AggNode], float] = {}
+
+    def cost(u: AggNode, w: AggNode) -> float:
+        got = cache.get((u, w))
+        if got is None:
+            got = cache[u, w] = edge(u, w)
+        return got
+    return cost
+
+
 def tree_cost(parent: dict[AggNode, AggNode], size: SizeFn, hash_cost: HashCostFn,
-              out_cost: float = 0.0, stream_size: SizeFn | None = None) -> float:
-    edge = edge_cost(size, hash_cost, out_cost, stream_size)
+              out_cost: float = 0.0, stream_size: SizeFn | None = None,
+              edge: Callable[[AggNode, AggNode], float] | None = None) -> float:
+    edge = edge or edge_cost(size, hash_cost, out_cost, stream_size)
     return sum(edge(p, v) for v, p in parent.items())
 
 
@@ -127,9 +142,12 @@ def naive_tree(queries: dict[int, AggNode], size: SizeFn, hash_cost: HashCostFn,
                    dict(queries))
 
 
-def _distances(nodes: Sequence[AggNode], edge: Callable[[AggNode, AggNode], float],
-               src: AggNode) -> tuple[dict[AggNode, float], dict[AggNode, AggNode]]:
-    """Cheapest path costs (and predecessors) from ``src`` in the partial aggregate graph."""
+Edges = dict[AggNode, list[tuple[AggNode, float]]]
+
+
+def _distances(succ: Edges, src: AggNode) -> tuple[dict[AggNode, float], dict[AggNode, AggNode]]:
+    """Cheapest path costs (and predecessors) from ``src`` in the partial aggregate graph
+    (``succ``: each node's edges, to the nodes it covers)."""
     dist = {src: 0.0}
     prev: dict[AggNode, AggNode] = {}
     heap = [(0.0, 0, src)]
@@ -138,10 +156,8 @@ def _distances(nodes: Sequence[AggNode], edge: Callable[[AggNode, AggNode], floa
         d, _, u = heapq.heappop(heap)
         if d > dist[u]:
             continue
-        for w in nodes:
-            if w is u or not u.covers(w):
-                continue
-            nd = d + edge(u, w)
+        for w, c in succ[u]:
+            nd = d + c
             if nd < dist.get(w, float("inf")):
                 dist[w], prev[w] = nd, u
                 heapq.heappush(heap, (nd, tick, w))
@@ -150,39 +166,54 @@ def _distances(nodes: Sequence[AggNode], edge: Callable[[AggNode, AggNode], floa
 
 
 def steiner(nodes: Sequence[AggNode], terminals: Iterable[AggNode], size: SizeFn,
-            hash_cost: HashCostFn, out_cost: float = 0.0, stream_size: SizeFn | None = None
+            hash_cost: HashCostFn, out_cost: float = 0.0, stream_size: SizeFn | None = None,
+            edge: Callable[[AggNode, AggNode], float] | None = None
             ) -> dict[AggNode, AggNode]:
     """A directed Steiner tree from the root to ``terminals`` over the graph on ``nodes``
-    (level-2 greedy): returns each tree node's parent."""
+    (level-2 greedy): returns each tree node's parent. ``edge``: the edge costs (default:
+    ``edge_cost`` of the size and cost functions)."""
+    inf = float("inf")
     nodes = [ROOT, *[v for v in nodes if not v.root]]
-    edge = edge_cost(size, hash_cost, out_cost, stream_size)
-    paths = {u: _distances(nodes, edge, u) for u in nodes}
+    edge = edge or edge_cost(size, hash_cost, out_cost, stream_size)
+    succ = {u: [(w, edge(u, w)) for w in nodes if w is not u and u.covers(w)] for u in nodes}
+    paths = {u: _distances(succ, u) for u in nodes}
     parent: dict[AggNode, AggNode] = {}
     in_tree = {ROOT}
     left = set(terminals) - in_tree
+    # each hub's terminals by their distance from it; the cheapest way to reach each hub from
+    # the tree (distance, tree node), kept up to date as the tree grows
+    below = {hub: sorted((paths[hub][0].get(t, inf), t) for t in left) for hub in nodes}
+    reach = {hub: (0.0, hub) if hub in in_tree else
+             min((paths[t][0].get(hub, inf), t) for t in in_tree) for hub in nodes}
     while left:
-        best = None  # (density, hub, attach-from, terminals)
+        best = None  # (density, hub, attach-from, terminals taken)
         for hub in nodes:
-            # the cheapest way to reach the hub from the tree
-            reach = min(((0.0, hub) if hub in in_tree else
-                         (paths[t][0].get(hub, float("inf")), t)) for t in in_tree)
-            if reach[0] == float("inf"):
+            start, src = reach[hub]
+            if start == inf:
                 continue
-            below = sorted((paths[hub][0].get(t, float("inf")), t) for t in left)
-            total = reach[0]
-            for k, (d, _) in enumerate(below, start=1):
-                if d == float("inf"):
+            total, k = start, 0
+            for d, t in below[hub]:
+                if t not in left:
+                    continue
+                if d == inf:
                     break
                 total += d
+                k += 1
                 if best is None or total / k < best[0] - 1e-12:
-                    best = (total / k, hub, reach[1], [t for _, t in below[:k]])
+                    best = (total / k, hub, src, k)
         if best is None:
             raise ValueError("a query's node is unreachable from the stream")
-        _, hub, src, chosen = best
+        _, hub, src, k = best
+        chosen = [t for _, t in below[hub] if t in left][:k]
+        before = set(in_tree)
         _attach(parent, in_tree, paths[src][1], src, hub)
         for t in chosen:
             _attach(parent, in_tree, paths[hub][1], hub, t)
         left -= in_tree
+        for t in sorted(in_tree - before):
+            for v in nodes:
+                reach[v] = (0.0, v) if v in in_tree else \
+                    min(reach[v], (paths[t][0].get(v, inf), t))
     return parent
 
 
@@ -242,6 +273,7 @@ def randomized(queries: dict[int, AggNode], size: SizeFn, hash_cost: HashCostFn,
     """Algorithm 1 with the filter variant: ``c1`` iterations of ``c2`` random unions;
     a union whose keys a row cannot hold (``packable``) is no candidate."""
     rng = random.Random(seed)
+    edge = memo_edges(edge_cost(size, hash_cost, out_cost, stream_size))
     terminals = sorted(set(queries.values()))
     best = naive_tree(queries, size, hash_cost, out_cost, stream_size)
     keep = set(terminals)
@@ -263,11 +295,10 @@ def randomized(queries: dict[int, AggNode], size: SizeFn, hash_cost: HashCostFn,
                     extra.add(AggNode(u.keys, v.slots))  # v's filter, u's attributes
                     extra.add(AggNode(v.keys, u.slots))  # v's attributes, u's filter
         extra = {v for v in extra if packable(v.keys)}
-        parent = steiner(sorted(keep | extra), terminals, size, hash_cost, out_cost,
-                         stream_size)
-        cost = tree_cost(parent, size, hash_cost, out_cost, stream_size)
+        parent = steiner(sorted(keep | extra), terminals, size, hash_cost, edge=edge)
+        cost = tree_cost(parent, size, hash_cost, edge=edge)
         tight = tightened(parent, terminals)
-        tight_cost = tree_cost(tight, size, hash_cost, out_cost, stream_size)
+        tight_cost = tree_cost(tight, size, hash_cost, edge=edge)
         if tight_cost < cost:
             parent, cost = tight, tight_cost
         if cost < best.cost - 1e-9:
