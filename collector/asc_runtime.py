@@ -20,13 +20,19 @@ if TYPE_CHECKING:
     from collector.prefilter import CompiledPrefilter
 
 
+V4_MAPPED = np.uint64(0xFFFF)  # bits 32-63 of an IPv4-mapped address (its high word is 0)
+
+
 @nb.njit(cache=True, nogil=True)
 def _regions(a, idx, lo_j, hi_j, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart,
-             asc_clen, c_int, c_hi, c_lo, asc_tstart, asc_tlen, r_table, out):
+             asc_clen, c_int, c_hi, c_lo, asc_tstart, asc_tlen, r_table, asc_bstart, b_table,
+             out):
     """out[idx[j]] = region of tuple idx[j] in ASC a, for j in [lo_j, hi_j): 2k + 1 for
     constant k, 2k for the gap below it, 2m + 1 for NULL. The ASC's kind is decided once; the
     table path (small integer domains) is branch-free: the last entry is the region above
-    every constant and NULL is a select."""
+    every constant and NULL is a select. An address ASC's IPv4 addresses search only the
+    constants of their /16 (``b_table``: where each /16's constants begin, from
+    ``asc_bstart[a]``), most often none: no search at all."""
     m = asc_clen[a]
     st = asc_cstart[a]
     col = asc_col[a]
@@ -41,6 +47,7 @@ def _regions(a, idx, lo_j, hi_j, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, 
             out[i] = null_r if x < 0 else r
         return
     if asc_is_ip[a]:
+        bt = asc_bstart[a]
         for j in range(lo_j, hi_j):
             i = idx[j]
             if not ip_ok[col, i]:
@@ -50,6 +57,10 @@ def _regions(a, idx, lo_j, hi_j, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, 
             low = ip_lo[col, i]
             lo = 0
             hi = m
+            if bt >= 0 and h == 0 and (low >> np.uint64(32)) == V4_MAPPED:
+                k = bt + np.int64((low >> np.uint64(16)) & np.uint64(0xFFFF))
+                lo = np.int64(b_table[k])
+                hi = np.int64(b_table[k + 1])
             while lo < hi:
                 mid = (lo + hi) // 2
                 if c_hi[st + mid] < h or (c_hi[st + mid] == h and c_lo[st + mid] < low):
@@ -79,8 +90,8 @@ def _regions(a, idx, lo_j, hi_j, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, 
 
 @nb.njit(cache=True, nogil=True)
 def asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, asc_clen, c_int,
-               c_hi, c_lo, asc_tstart, asc_tlen, r_table, qrb, rest_qub, first_undone, macro,
-               arrows):
+               c_hi, c_lo, asc_tstart, asc_tlen, r_table, asc_bstart, b_table, qrb, rest_qub,
+               first_undone, macro, arrows):
     """AND each tuple's query mask with one region's qrb per ASC, in the (macro or hybrid)
     sequence; a tuple leaves as soon as its mask is 0 or no unevaluated ASC decides a query
     still set. Evaluated in rounds over selection vectors: the live tuples are grouped by
@@ -122,7 +133,7 @@ def asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, asc
             if stop > start:
                 _regions(a, order, start, stop, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col,
                          asc_cstart, asc_clen, c_int, c_hi, c_lo, asc_tstart, asc_tlen, r_table,
-                         reg)
+                         asc_bstart, b_table, reg)
                 bit = np.int64(1) << a
                 for j in range(start, stop):
                     i = order[j]
@@ -153,7 +164,7 @@ def asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, asc
 
 @nb.njit(cache=True, nogil=True)
 def asc_regions(rows, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, asc_clen,
-                c_int, c_hi, c_lo, asc_tstart, asc_tlen, r_table):
+                c_int, c_hi, c_lo, asc_tstart, asc_tlen, r_table, asc_bstart, b_table):
     """Region of each listed tuple in every ASC (the sample the sequences are chosen on)."""
     n_asc = asc_col.shape[0]
     n = ints.shape[1] if ints.shape[0] else ip_ok.shape[1]
@@ -161,7 +172,8 @@ def asc_regions(rows, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart,
     col = np.zeros(n, dtype=np.int64)
     for a in range(n_asc):
         _regions(a, rows, 0, rows.shape[0], ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col,
-                 asc_cstart, asc_clen, c_int, c_hi, c_lo, asc_tstart, asc_tlen, r_table, col)
+                 asc_cstart, asc_clen, c_int, c_hi, c_lo, asc_tstart, asc_tlen, r_table,
+                 asc_bstart, b_table, col)
         for k in range(rows.shape[0]):
             out[k, a] = col[rows[k]]
     return out

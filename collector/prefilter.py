@@ -61,11 +61,14 @@ class CompiledPrefilter:
     asc_tstart: np.ndarray  # int64 per ASC: first entry of its region table, -1 if none
     asc_tlen: np.ndarray  # int64: table length (values >= it are above every constant)
     r_table: np.ndarray  # int16 region of every value 0..len-1, for small integer domains
+    asc_bstart: np.ndarray  # int64 per ASC: first entry of its /16 index in b_table, -1 if none
+    b_table: np.ndarray  # int32 per address ASC: where each IPv4 /16's constants begin (65,537)
 
     def asc_arrays(self) -> tuple:
         """The arrays a region look-up needs, in the kernels' argument order."""
         return (self.asc_is_ip, self.asc_col, self.asc_cstart, self.asc_clen, self.c_int,
-                self.c_hi, self.c_lo, self.asc_tstart, self.asc_tlen, self.r_table)
+                self.c_hi, self.c_lo, self.asc_tstart, self.asc_tlen, self.r_table,
+                self.asc_bstart, self.b_table)
 
     @property
     def q_words(self) -> int:
@@ -80,6 +83,16 @@ def region_table(constants: list[int], length: int) -> np.ndarray:
     i = np.searchsorted(c, v, side="left")
     hit = c[np.minimum(i, len(c) - 1)] == v if len(c) else np.zeros(length, bool)
     return (2 * i + hit).astype(np.int16)
+
+
+def v4_buckets(constants: list[int]) -> np.ndarray:
+    """Where the constants (sorted 128-bit addresses) of each IPv4 /16 begin: entry k is the
+    number of constants below ::ffff:(k << 16), for k in 0…65,536. An IPv4 address of /16 k
+    lies between entries k and k + 1 of them (``_regions`` searches only those)."""
+    base = 0xFFFF << 32
+    c = np.array([x - base if base <= x < base + (1 << 32) else (-1 if x < base else 1 << 32)
+                  for x in constants], np.int64)
+    return np.searchsorted(c, np.arange(65_537, dtype=np.int64) << 16).astype(np.int32)
 
 
 def compile_prefilter(plan: Plan, stream: str) -> CompiledPrefilter:
@@ -153,6 +166,12 @@ def compile_prefilter(plan: Plan, stream: str) -> CompiledPrefilter:
             asc_tstart.append(-1)
             asc_tlen.append(0)
     r_table = np.concatenate(tables) if tables else np.zeros(0, np.int16)
+    asc_bstart, buckets = [], []
+    for a in ascs:
+        asc_bstart.append(sum(len(b) for b in buckets) if a.kind == "ip" else -1)
+        if a.kind == "ip":
+            buckets.append(v4_buckets(a.constants))
+    b_table = np.concatenate(buckets) if buckets else np.zeros(0, np.int32)
     n_slots = max([qp.slot for qp in plan.queries] + [-1]) + 1
     s_slot, s_start, s_len, s_bits = [], [], [], []
     for qp in plan.queries:
@@ -175,7 +194,7 @@ def compile_prefilter(plan: Plan, stream: str) -> CompiledPrefilter:
         np.array(asc_clen, np.int32), np.array(c_int, np.int64), np.array(c_hi, np.uint64),
         np.array(c_lo, np.uint64), qrb_words(ascs, n_words(n_slots)),
         qub_words(ascs, n_words(n_slots)), np.array(asc_tstart, np.int64),
-        np.array(asc_tlen, np.int64), r_table)
+        np.array(asc_tlen, np.int64), r_table, np.array(asc_bstart, np.int64), b_table)
 
 
 @nb.njit(cache=True, inline="always")

@@ -7,6 +7,8 @@ from itertools import permutations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from capture.fields import parse_prefix
 from capture.pcap import open_capture
@@ -232,3 +234,43 @@ def test_region_bitsets_equal_direct_evaluation():
         uses[len(queries)] = []  # a query without a predicate on the attribute
         asc = build_asc(field, "packets", preds, uses)
         assert asc.qrb == build_asc_qrb(field, "packets", preds, uses), wheres
+
+
+def _v4(x: int) -> str:
+    return ".".join(str(x >> s & 255) for s in (24, 16, 8, 0))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.tuples(st.integers(0, 2**32 - 1), st.sampled_from([32, 24, 16, 12, 8])),
+                min_size=1, max_size=12),
+       st.lists(st.integers(-3, 3), min_size=1, max_size=20), st.data())
+def test_address_regions_equal_the_reference_at_every_edge(constants, steps, data):
+    """An address ASC's region of IPv4 addresses (found by their /16's constants alone) and of
+    IPv6 ones (a search of every constant) equals ``ASC.region_of``: addresses at, next to,
+    and between the constants and their /16 boundaries, IPv6 addresses around the IPv4-mapped
+    block, and NULL."""
+    def where(a: int, n: int) -> str:
+        if n == 32:
+            return f"src_ip = '{_v4(a)}'"
+        return f"in_prefix(src_ip, '{_v4(a >> (32 - n) << (32 - n))}/{n}')"
+    sql = "\n".join(f"SELECT ts FROM packets WHERE {where(a, n)};" for a, n in constants)
+    plan = build_plan(parse_queries(sql + "\nSELECT ts FROM packets WHERE "
+                                    "src_ip = '2001:db8::1'"), asc_min_constants=ASC_ALL)
+    cp = compile_prefilter(plan, "packets")
+    (k, asc), = [(k, a) for k, a in enumerate(cp.ascs) if a.attribute == "src_ip"]
+    base = 0xFFFF << 32
+    pool = [base + (a >> (32 - n) << (32 - n)) for a, n in constants]
+    pool += [c for a, n in constants for c in (base + (a >> 16 << 16), base + (a | 0xFFFF))]
+    addrs = [data.draw(st.sampled_from(pool)) + s for s in steps]
+    addrs += [base - 1, base, base + 2**32 - 1, base + 2**32, parse_prefix("2001:db8::1")[0],
+              parse_prefix("2001:db8::2")[0]]
+    ok = np.ones((1, len(addrs) + 1), np.bool_)
+    ok[0, -1] = False  # NULL
+    hi = np.array([[x >> 64 for x in addrs] + [0]], np.uint64)
+    lo = np.array([[x & (2**64 - 1) for x in addrs] + [0]], np.uint64)
+    cols = len(cp.ip_cols)
+    R = asc_regions(np.arange(len(addrs) + 1), np.zeros((len(cp.int_cols), len(addrs) + 1),
+                                                       np.int64),
+                    np.repeat(hi, cols, 0), np.repeat(lo, cols, 0), np.repeat(ok, cols, 0),
+                    *cp.asc_arrays())
+    assert R[:, k].tolist() == [asc.region_of(x) for x in addrs] + [asc.region_of(None)]
