@@ -424,10 +424,9 @@ class Engine:
             self.sampler.observe(self.stream, *sub, c.keys, c.agg_slots)
         now = time.monotonic_ns()
         cols = BatchColumns(tb)  # each column the tables read, made once for all of them
-        for fp in c.folders:
-            for t in fp.tables if fp.period is not None else ():
-                if t.table is not None:
-                    t.need(cols)
+        reads = [t.reads for fp in c.folders if fp.period is not None for t in fp.tables
+                 if t.table is not None]
+        cols.need([f for r in reads for f in r[0]], [f for r in reads for f in r[1]])
         for fp in c.folders:
             if fp.period is None:
                 self._write(fp, self._select_rows(c, fp, *sub))

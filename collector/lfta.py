@@ -799,8 +799,8 @@ class NodeTable:
         # what its table reads of a batch (``BatchColumns``): integer keys and measures, and
         # address keys
         pairs = list(zip(self.keys, self.layout.kinds, strict=True))
-        self._reads = ([k for k, kind in pairs if kind != IP] + self.measures,
-                       [k for k, kind in pairs if kind == IP])
+        self.reads = ([k for k, kind in pairs if kind != IP] + self.measures,
+                      [k for k, kind in pairs if kind == IP])
 
     def tables(self) -> list[PartialTable]:
         """The node's tables: the running plan's, and those of earlier plans still holding
@@ -901,7 +901,7 @@ class NodeTable:
 
     def need(self, cols: BatchColumns) -> None:
         """Have ``cols`` make the columns this node's table reads."""
-        cols.need(*self._reads)
+        cols.need(*self.reads)
 
     def columns(self, cols: BatchColumns) -> tuple[np.ndarray, ...]:
         """What ``merge_tuples`` reads of the batch for this node: ``cols``' integer rows,
