@@ -168,7 +168,7 @@ def compile_prefilter(plan: Plan, stream: str) -> CompiledPrefilter:
     r_table = np.concatenate(tables) if tables else np.zeros(0, np.int16)
     asc_bstart, buckets = [], []
     for a in ascs:
-        asc_bstart.append(sum(len(b) for b in buckets) if a.kind == "ip" else -1)
+        asc_bstart.append(65_537 * len(buckets) if a.kind == "ip" else -1)
         if a.kind == "ip":
             buckets.append(v4_buckets(a.constants))
     b_table = np.concatenate(buckets) if buckets else np.zeros(0, np.int32)
