@@ -98,8 +98,10 @@ def _prefetch(typingctx, table, row):
         ty = signature.args[0]
         arr = context.make_array(ty)(context, builder, args[0])
         ptr = cgutils.get_item_pointer(context, builder, ty, arr,
-                                       [args[1], context.get_constant(types.intp, 0)])
+                                       [args[1]] + [context.get_constant(types.intp, 0)]
+                                       * (ty.ndim - 1))
         i32 = ir.IntType(32)
+        ptr = builder.bitcast(ptr, cgutils.voidptr_t)  # one declaration for every table
         fn = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]),
             "llvm.prefetch.p0")
@@ -231,7 +233,11 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
             hashes[r] = _hash(keys, r)
             slot = np.int64(hashes[r] & home)
             _prefetch(t_keys, slot)
+            _prefetch(t_used, slot)
+            _prefetch(t_cnt, slot)
             _prefetch(t_sum, slot)
+            _prefetch(t_min, slot)
+            _prefetch(t_max, slot)
         for r in range(run):
             i = sel[j0 + r]
             slot, held = _slot(t_keys, t_used, keys, r, hashes[r])

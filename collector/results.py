@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from sqlglot import exp
 
 from capture.fields import IP, SKETCH, TS, VALUES, fields, ip_text, key_field, measures
+from collector.grouping import group_ids, key_words, list_column, reduce_column
 from collector.keys import KeyLayout, binary_buffers
 from collector.lfta import I64_MAX  # the min of NULL measures only
 from collector.spool import TS_US, qmask_words
@@ -136,6 +137,19 @@ def node_runs(parts: Iterable[pa.Table]) -> tuple[pa.Table, dict[str, tuple[int,
         out += runs[label]
         start += n
     return pa.Table.from_batches(out, schema=schema), at
+
+
+def take_rows(table: pa.Table, at: np.ndarray) -> pa.Table:
+    """The rows at ascending positions ``at`` of a table of many batches, taken batch by batch
+    (Arrow's take of a chunked table concatenates its chunks first: 0.1 s for a few rows of the
+    telemetry benchmark's 1.5M)."""
+    out, start = [], 0
+    for b in table.to_batches():
+        lo, hi = np.searchsorted(at, [start, start + b.num_rows])
+        if hi > lo:
+            out.append(b.take(pa.array(at[lo:hi] - start)))
+        start += b.num_rows
+    return pa.Table.from_batches(out, schema=table.schema)
 
 
 def slot_partials(stream: str, merged: pa.Table, resolve: Resolve,
@@ -316,12 +330,13 @@ def finalize(query: Query, merged: pa.Table) -> pa.Table:
     return answer_of(query, merge_to_keys(query, merged))
 
 
-def answer_of(query: Query, merged: pa.Table, ties: bool = False, printed: bool = True
-              ) -> pa.Table:
+def answer_of(query: Query, merged: pa.Table, ties: bool = False, printed: bool = True,
+              ordered: bool = True) -> pa.Table:
     """``finalize`` of rows merged to the query's keys (``merge_to_keys``). For
-    ``needed_rows``: with a ``_row`` column in ``merged``, the answer has a ``_gid`` column (each
-    row's group, an index into ``merged``); with ``ties``, LIMIT keeps the rows tied with the
-    last one it keeps; without ``printed``, address keys no ORDER BY reads stay binary."""
+    ``needed_rows``: a ``_gid`` column of ``merged`` (each row's group) is kept; with
+    ``ties``, LIMIT keeps the rows tied with the last one it keeps; without ``printed``,
+    address keys no ORDER BY reads stay binary; without ``ordered``, the rows of a query
+    without LIMIT stay in their order (a set of groups)."""
     cat = fields(query.stream)
     cols: dict[str, pa.Array] = {}
     ws = merged.column("window_start").combine_chunks()
@@ -353,8 +368,8 @@ def answer_of(query: Query, merged: pa.Table, ties: bool = False, printed: bool 
                 col = pa.array(v, col.type, mask=(v == I64_MAX) | (v < 0))
             cols[o.name] = col
     cols["window_start"] = ws
-    if ROW in merged.column_names:
-        cols[GID] = pa.array(np.arange(merged.num_rows, dtype=np.int64))
+    if GID in merged.column_names:
+        cols[GID] = merged.column(GID)
     table = pa.table(cols)
     if query.having and table.num_rows:
         keep = np.ones(table.num_rows, dtype=bool)
@@ -362,7 +377,7 @@ def answer_of(query: Query, merged: pa.Table, ties: bool = False, printed: bool 
             v = table.column(cond.column).to_numpy(zero_copy_only=False)
             keep &= CMP[cond.op](v, cond.value)
         table = table.filter(pa.array(keep))
-    return order_rows(query, table, ties)
+    return order_rows(query, table, ties) if ordered or query.limit is not None else table
 
 
 _ARITH = {exp.Add: pc.add, exp.Sub: pc.subtract, exp.Mul: pc.multiply}
@@ -459,36 +474,48 @@ def join_answer(query: Query, answers: dict[str, pa.Table], ties: bool = False) 
 
 
 def merge_to_keys(query: Query, rows: pa.Table) -> pa.Table:
-    """Partial rows merged per (window_start, the query's keys), vectorised (pyarrow); the
-    distinct values of each ``count(DISTINCT f)`` field counted per group."""
+    """Partial rows merged per (window_start, the query's keys) (``grouping``: hash groups in
+    numba); the distinct values of each ``count(DISTINCT f)`` field counted per group. Columns:
+    the keys, ``cnt``, each measure's ``sum_``, ``min_`` and ``max_``, ``distinct_f``,
+    ``approx_f``, and each group's ``_row`` values as a list when ``rows`` has them."""
     if not rows.num_rows:
         return rows
+    out, gid = group_rows(query, rows)
+    if ROW in rows.column_names:  # each group's rows
+        out = out.append_column(ROW, list_column(rows.column(ROW), gid, out.num_rows))
+    return out
+
+
+def group_rows(query: Query, rows: pa.Table) -> tuple[pa.Table, np.ndarray]:
+    """``merge_to_keys`` without the ``_row`` lists: the merged rows, and each row's group
+    (its row in them)."""
     keys = ["window_start", *query.keys]
-    aggs = [("cnt", "sum")]
+    gid, first = group_ids(key_words([rows.column(k) for k in keys], rows.num_rows))
+    groups = len(first)
+    at = pa.array(first)
+    out = {k: rows.column(k).take(at) for k in keys}
+    out["cnt"] = reduce_column(rows.column("cnt"), gid, groups, "sum")
     for m in measures(query.stream):
         if f"sum_{m.name}" in rows.column_names:
-            aggs += [(f"sum_{m.name}", "sum"), (f"min_{m.name}", "min"),
-                     (f"max_{m.name}", "max")]
-    cols = [c for c, _ in aggs]
+            for a in ("sum", "min", "max"):
+                out[f"{a}_{m.name}"] = reduce_column(rows.column(f"{a}_{m.name}"), gid,
+                                                     groups, a)
     # count(DISTINCT f): the rows come from a node that also groups by f (one row per value and
     # query-bit pattern), so the count is the number of distinct values of f (NULL not counted)
-    aggs += [(f, "count_distinct") for f in query.distinct]
+    for f in query.distinct:
+        col = rows.column(f)
+        pairs = key_words([pa.array(gid), col], rows.num_rows)
+        valid = np.flatnonzero(col.is_valid().to_numpy(zero_copy_only=False)) \
+            if col.null_count else np.arange(rows.num_rows)
+        _, firsts = group_ids(pairs[valid])
+        out[f"distinct_{f}"] = pa.array(np.bincount(gid[valid[firsts]], minlength=groups),
+                                        pa.int64())
     # approx_count_distinct(f): the node's rows carry sketches of f (column ~f), united per
     # group
-    sketches = [SKETCH + f for f in query.approx]
-    aggs += [(s, "list") for s in sketches]
-    carry = [ROW] if ROW in rows.column_names else []  # each group's rows (``needed_rows``)
-    aggs += [(c, "list") for c in carry]
-    out = rows.select(keys + cols + [f for f in query.distinct if f not in keys] + sketches
-                      + carry).group_by(keys, use_threads=False).aggregate(aggs)
-    names = {f"{c}_{f}": c for c, f in aggs}
-    names.update({f"{f}_count_distinct": f"distinct_{f}" for f in query.distinct})
-    out = out.rename_columns([names.get(c, c) for c in out.column_names])
-    for s in sketches:
-        out = out.append_column(f"approx_{s[len(SKETCH):]}",
-                                pa.array(estimates(out.column(s).to_pylist()),
-                                         pa.int64()))
-    return out
+    for f in query.approx:
+        lists = list_column(rows.column(SKETCH + f), gid, groups)
+        out[f"approx_{f}"] = pa.array(estimates(lists.to_pylist()), pa.int64())
+    return pa.table(out), gid
 
 
 def answers_of(stream: str, folder: str, rows: pa.Table, resolve: Resolve
@@ -558,21 +585,22 @@ def needed_rows(stream: str, rows: pa.Table, resolve: Resolve,
         if q.parent is None and not q.having and q.limit is None:
             need[slot][part.column(ROW).to_numpy()] = True  # every group
             continue
-        m = merge_to_keys(q, part)
-        lists = m.column(ROW).combine_chunks()
-        idx = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
-        groups[slot] = (idx, np.repeat(np.arange(len(lists)), pc.list_value_length(lists)
-                                       .to_numpy(zero_copy_only=False)), len(lists))
+        m, gid = group_rows(q, part)
+        m = m.append_column(GID, pa.array(np.arange(m.num_rows)))
+        idx = part.column(ROW).to_numpy()
+        groups[slot] = (idx, gid, m.num_rows)
         need[slot][idx[forced[idx]]] = True
         take(slot, present(slot))  # a forced row's group, whole
         if q.parent is not None:
             joins[q.parent.name] = q.parent
             # a join that orders nothing meets its parts' binary keys as well as their text
-            answers[q.name] = a = answer_of(q, m, ties=True, printed=bool(q.parent.order))
+            answers[q.name] = a = answer_of(q, m, ties=True, printed=bool(q.parent.order),
+                                                 ordered=False)
             if q.limit is not None:
                 take_groups(q.name, a.column(GID))
         else:
-            take_groups(q.name, answer_of(q, m, ties=True, printed=False).column(GID))
+            take_groups(q.name, answer_of(q, m, ties=True, printed=False, ordered=False)
+                        .column(GID))
     for jq in joins.values():
         j = jq.join
         got = {p.name: answers[p.name] for p in j.parts if p.name in answers}
@@ -606,7 +634,7 @@ def prune_rows(stream: str, rows: pa.Table, resolve: Resolve,
     for m in need.values():
         keep |= m
     kept = np.flatnonzero(keep)
-    out = rows.take(pa.array(kept))  # few rows: what follows reads and writes only those
+    out = take_rows(rows, kept)  # few rows: what follows reads and writes only those
     need = {slot: m[kept] for slot, m in need.items()}
     forced = forced[kept]
     keys = out.column("key").combine_chunks()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capture.fields import ip_bytes, ip_text
@@ -114,3 +114,58 @@ def test_join_windows_where_one_side_is_empty():
     assert rows(left, {"j.a": a, "j.b": b.slice(0, 0)}) == rows(left, {"j.a": a})
     assert rows(inner, {"j.a": a}) == []
     assert rows(left, {"j.b": b}) == [] and rows(inner, {}) == []
+
+
+def _draw_rows(draw, n: int) -> list[dict]:
+    pool = [ip_bytes("10.0.0.1"), ip_bytes("::"), ip_bytes("2001:db8::1"), None]
+    names = ["a.example", "b.example", "", None]
+    small = st.integers(-5, 1 << 40) | st.none()
+    return [{"window_start": draw(st.sampled_from([0, 60_000_000])),
+             "src_ip": draw(st.sampled_from(pool)), "dst_ip": draw(st.sampled_from(pool)),
+             "dst_port": draw(st.sampled_from([22, 0, None])),
+             "dns_qname": draw(st.sampled_from(names)),
+             "cnt": draw(st.integers(0, 1 << 40)), "sum_wirelen": draw(small),
+             "min_wirelen": draw(small), "max_wirelen": draw(small)} for _ in range(n)]
+
+
+@settings(max_examples=120, deadline=None, derandomize=True, database=None)
+@given(st.data(), st.integers(0, 40), st.sampled_from(["src_ip, dst_port", "dns_qname", ""]))
+def test_merged_rows_equal_a_dictionary_s_groups(data, n, keys):
+    """``merge_to_keys`` (hash groups in numba) against a dictionary: NULL keys a group of
+    their own, addresses and strings as keys, NULL measures skipped (a group of NULLs only is
+    NULL), distinct values counted without NULL, each group's rows listed."""
+    rows = _draw_rows(data.draw, n)
+    by = ", ".join(["time/60", *filter(None, [keys])])
+    q = parse_single(f"SELECT time/60 AS t{', ' + keys if keys else ''}, count(*) AS n, "
+                     "count(DISTINCT dst_ip) AS d, sum(wirelen) AS b, min(wirelen) AS lo, "
+                     f"max(wirelen) AS hi FROM packets GROUP BY {by}")
+    types = {"window_start": pa.timestamp("us", tz="UTC"), "src_ip": pa.binary(),
+             "dst_ip": pa.binary(), "dst_port": pa.int64(), "dns_qname": pa.string()}
+    table = pa.table({**{c: pa.array([r[c] for r in rows], types.get(c, pa.int64()))
+                         for c in _draw_rows(lambda s: None, 1)[0]},
+                      "_row": pa.array(range(n), pa.int64())})
+    got = merge_to_keys(q, table)
+    if n:
+        got = got.set_column(0, "window_start", got.column("window_start").cast(pa.int64()))
+    got = got.to_pylist()
+    key_names = ["window_start", *q.keys]
+    want: dict[tuple, dict] = {}
+    for i, r in enumerate(rows):
+        g = want.setdefault(tuple(r[k] for k in key_names), {
+            "cnt": 0, "sum_wirelen": None, "min_wirelen": None, "max_wirelen": None,
+            "d": set(), "rows": []})
+        g["cnt"] += r["cnt"]
+        for c, f in (("sum_wirelen", sum), ("min_wirelen", min), ("max_wirelen", max)):
+            if r[c] is not None:
+                g[c] = r[c] if g[c] is None else f([g[c], r[c]])
+        if r["dst_ip"] is not None:
+            g["d"].add(r["dst_ip"])
+        g["rows"].append(i)
+    assert len(got) == len(want)
+    for row in got:
+        w = want[tuple(row[c] for c in key_names)]
+        assert row["cnt"] == w["cnt"]
+        assert [row[c] for c in ("sum_wirelen", "min_wirelen", "max_wirelen")] == \
+            [w[c] for c in ("sum_wirelen", "min_wirelen", "max_wirelen")]
+        assert row["distinct_dst_ip"] == len(w["d"])
+        assert sorted(row["_row"]) == w["rows"]
