@@ -476,19 +476,13 @@ def join_answer(query: Query, answers: dict[str, pa.Table], ties: bool = False) 
 def merge_to_keys(query: Query, rows: pa.Table) -> pa.Table:
     """Partial rows merged per (window_start, the query's keys) (``grouping``: hash groups in
     numba); the distinct values of each ``count(DISTINCT f)`` field counted per group. Columns:
-    the keys, ``cnt``, each measure's ``sum_``, ``min_`` and ``max_``, ``distinct_f``,
-    ``approx_f``, and each group's ``_row`` values as a list when ``rows`` has them."""
-    if not rows.num_rows:
-        return rows
-    out, gid = group_rows(query, rows)
-    if ROW in rows.column_names:  # each group's rows
-        out = out.append_column(ROW, list_column(rows.column(ROW), gid, out.num_rows))
-    return out
+    the keys, ``cnt``, each measure's ``sum_``, ``min_`` and ``max_``, ``distinct_f`` and
+    ``approx_f``."""
+    return group_rows(query, rows)[0] if rows.num_rows else rows
 
 
 def group_rows(query: Query, rows: pa.Table) -> tuple[pa.Table, np.ndarray]:
-    """``merge_to_keys`` without the ``_row`` lists: the merged rows, and each row's group
-    (its row in them)."""
+    """``merge_to_keys``, and each row's group (its row in the merged rows)."""
     keys = ["window_start", *query.keys]
     gid, first = group_ids(key_words([rows.column(k) for k in keys], rows.num_rows))
     groups = len(first)
