@@ -117,16 +117,23 @@ def asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, asc
     counts = np.zeros(n_asc + 1, dtype=np.int64)
     order = np.empty(n, dtype=np.int64)
     evals = 0
+    first_round = True
     while n_alive > 0:
-        counts[:] = 0
-        for j in range(n_alive):
-            counts[nxt[alive[j]] + 1] += 1
-        for a in range(n_asc):
-            counts[a + 1] += counts[a]
-        for j in range(n_alive):  # counting sort of the live tuples by next ASC
-            i = alive[j]
-            order[counts[nxt[i]]] = i
-            counts[nxt[i]] += 1
+        if first_round:  # every live tuple visits the macro-sequence's first ASC: no sort
+            first_round = False
+            order[:n_alive] = alive[:n_alive]
+            for a in range(n_asc):
+                counts[a] = n_alive if a >= macro[0] else 0
+        else:
+            counts[:] = 0
+            for j in range(n_alive):
+                counts[nxt[alive[j]] + 1] += 1
+            for a in range(n_asc):
+                counts[a + 1] += counts[a]
+            for j in range(n_alive):  # counting sort of the live tuples by next ASC
+                i = alive[j]
+                order[counts[nxt[i]]] = i
+                counts[nxt[i]] += 1
         start = 0
         for a in range(n_asc):
             stop = counts[a]
