@@ -16,32 +16,31 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from collector.keys import binary_buffers
 from collector.lfta import RUN, _hash, _prefetch
 
 
-def _words_of(a: pa.Array) -> list[np.ndarray]:
-    """One key column as int64 word columns (see the module's docstring)."""
+def _words_of(a: pa.Array | np.ndarray) -> list[np.ndarray]:
+    """One key column as int64 word columns (see the module's docstring); a numpy column is
+    one word as it is."""
+    if isinstance(a, np.ndarray):
+        return [a.astype(np.int64, copy=False)]
     if isinstance(a, pa.ChunkedArray):
         a = a.combine_chunks()
     t = a.type
     valid = None if not a.null_count else a.is_valid().to_numpy(zero_copy_only=False)
-    if pa.types.is_integer(t) or pa.types.is_timestamp(t) or pa.types.is_boolean(t) \
-            or pa.types.is_date(t):
-        v = pc.fill_null(a.cast(pa.int64()), 0).to_numpy(zero_copy_only=False)
-        out = [np.ascontiguousarray(v, np.int64)]
-    elif pa.types.is_binary(t) and len(a) and a.buffers()[2] is not None:
-        off = np.frombuffer(a.buffers()[1], np.int32)[a.offset:a.offset + len(a) + 1]
+    out = None
+    if pa.types.is_integer(t) or pa.types.is_timestamp(t) or pa.types.is_boolean(t):
+        out = [pc.fill_null(a.cast(pa.int64()), 0).to_numpy(zero_copy_only=False)]
+    elif pa.types.is_binary(t) and len(a):
+        off, data = binary_buffers(a)
         width = int(off[1] - off[0])
         if width and width % 8 == 0 and (np.diff(off) == width).all():
-            data = np.frombuffer(a.buffers()[2], np.uint8)[off[0]:off[-1]]
-            w = data.view("<i8").reshape(len(a), width // 8)
-            out = [np.ascontiguousarray(w[:, k]) for k in range(width // 8)]
-            if valid is not None:  # a NULL's bytes are whatever was written: all count as 0
-                out = [np.where(valid, c, 0) for c in out]
-        else:
-            out = [_codes(a)]
-    else:
-        out = [_codes(a)]
+            w = data[off[0]:off[-1]].view("<i8").reshape(len(a), width // 8)
+            # a NULL's bytes are whatever was written: all count as 0
+            out = [w[:, k] if valid is None else np.where(valid, w[:, k], 0)
+                   for k in range(width // 8)]
+    out = out or [_codes(a)]
     return out if valid is None else [*out, valid.astype(np.int64)]
 
 
@@ -51,7 +50,7 @@ def _codes(a: pa.Array) -> np.ndarray:
     return pc.fill_null(idx.cast(pa.int64()), -1).to_numpy(zero_copy_only=False)
 
 
-def key_words(columns: list[pa.Array], n: int) -> np.ndarray:
+def key_words(columns: list[pa.Array | np.ndarray], n: int) -> np.ndarray:
     """The key columns of ``n`` rows as (n, words) int64 (at least one word)."""
     cols = [c for a in columns for c in _words_of(a)]
     if not cols:

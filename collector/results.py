@@ -498,11 +498,14 @@ def group_rows(query: Query, rows: pa.Table) -> tuple[pa.Table, np.ndarray]:
     # query-bit pattern), so the count is the number of distinct values of f (NULL not counted)
     for f in query.distinct:
         col = rows.column(f)
-        pairs = key_words([pa.array(gid), col], rows.num_rows)
-        valid = np.flatnonzero(col.is_valid().to_numpy(zero_copy_only=False)) \
-            if col.null_count else np.arange(rows.num_rows)
-        _, firsts = group_ids(pairs[valid])
-        out[f"distinct_{f}"] = pa.array(np.bincount(gid[valid[firsts]], minlength=groups),
+        pairs = key_words([gid, col], rows.num_rows)
+        if col.null_count:  # NULL is not a value
+            valid = np.flatnonzero(col.is_valid().to_numpy(zero_copy_only=False))
+            _, firsts = group_ids(pairs[valid])
+            firsts = valid[firsts]
+        else:
+            _, firsts = group_ids(pairs)
+        out[f"distinct_{f}"] = pa.array(np.bincount(gid[firsts], minlength=groups),
                                         pa.int64())
     # approx_count_distinct(f): the node's rows carry sketches of f (column ~f), united per
     # group
