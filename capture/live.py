@@ -53,7 +53,7 @@ class KernelStats:
     freezes: int = 0  # times the queue froze
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, _nrt=False, nogil=True)
 def copy_block(ring, blk, out, fill, skip_outgoing, offset, caplen, wirelen, ts_ns, n0):
     """Copy the packets of the ring block at ``blk`` into ``out`` from ``fill``; return
     (records, new fill). Outgoing packets are skipped when asked. Stops early (records <
@@ -106,7 +106,7 @@ def copy_block(ring, blk, out, fill, skip_outgoing, offset, caplen, wirelen, ts_
     return n, fill
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
+@nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
 def _le32(b, p):
     return np.int64(b[p]) | (np.int64(b[p + 1]) << 8) | (np.int64(b[p + 2]) << 16) | \
         (np.int64(b[p + 3]) << 24)

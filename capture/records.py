@@ -76,14 +76,14 @@ class ReadStats:
     errors: Counter = field(default_factory=Counter)
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
+@nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
 def u16(buf, pos, big):
     if big:
         return (np.uint32(buf[pos]) << 8) | np.uint32(buf[pos + 1])
     return (np.uint32(buf[pos + 1]) << 8) | np.uint32(buf[pos])
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
+@nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
 def u32(buf, pos, big):
     if big:
         return (np.uint32(buf[pos]) << 24) | (np.uint32(buf[pos + 1]) << 16) | \
@@ -99,7 +99,7 @@ def u32(buf, pos, big):
 PREFETCH = 4096
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
+@nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
 def touch_ahead(buf, ahead, upto, end):
     """Read one byte of each cache line from ``ahead`` to ``upto`` (capped at ``end``); return
     the new ``ahead`` and a checksum the caller must use (so the loads are not removed)."""

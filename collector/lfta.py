@@ -19,6 +19,9 @@ more tuples and leaves as its windows close, so a switch sends no row early.
 
 Nothing accepted is lost or counted twice: the rows flushed over a table's life, merged, equal
 the aggregate of every tuple added (tests check this against a Python dictionary aggregator).
+
+The merge loops run without numba's runtime (``capture/unpack.py`` says why); a thin function
+in front of each allocates its scratch arrays.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ _WORD_MULT = np.array([
     np.uint64)
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
+@nb.njit(cache=True, nogil=True, inline="always", _nrt=False)
 def _hash(keys, i):
     """A 64-bit hash of row ``i``'s key words: the sum of each word times its own odd
     constant, through splitmix64's finaliser (which brings the high bits to the low ones the
@@ -71,7 +74,7 @@ def _hash(keys, i):
     return h ^ (h >> np.uint64(31))
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
+@nb.njit(cache=True, nogil=True, inline="always", _nrt=False)
 def _slot(t_keys, t_used, keys, r, h):
     """Where key row ``r`` of ``keys`` (its hash ``h``) lives in the table: (slot, True) when
     it is held, (the free slot its probe reached, False) when it is not."""
@@ -110,7 +113,7 @@ def _prefetch(typingctx, table, row):
     return types.void(table, row), codegen
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
+@nb.njit(cache=True, nogil=True, inline="always", _nrt=False)
 def _put(t_cnt, t_sum, t_min, t_max, slot, held, cnt, sums, mins, maxs, i, at):
     """Merge count ``cnt`` and row ``i`` of sums, mins and maxs (the table's measure ``m`` in
     their column ``at[m]``) into ``slot`` (``held``: it holds a row already; else it starts
@@ -137,7 +140,7 @@ def _put(t_cnt, t_sum, t_min, t_max, slot, held, cnt, sums, mins, maxs, i, at):
             t_max[slot, m] = maxs[i, c]
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
+@nb.njit(cache=True, nogil=True, inline="always", _nrt=False)
 def _claim(t_keys, t_used, slot, keys, r):
     """Start a row for key row ``r`` in the free ``slot``."""
     t_used[slot] = True
@@ -150,7 +153,13 @@ def merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, 
                mins, maxs, start):
     """Merge rows ``start…`` of (keys, cnt, sums, mins, maxs) into the table; stop before a row
     that would make the table hold more than ``limit`` entries. Returns (next row, entries)."""
-    at = np.arange(sums.shape[1])
+    return _merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, cnt,
+                       sums, mins, maxs, start, np.arange(sums.shape[1]))
+
+
+@nb.njit(cache=True, nogil=True, _nrt=False)
+def _merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, cnt, sums,
+                mins, maxs, start, at):
     for i in range(start, keys.shape[0]):
         slot, held = _slot(t_keys, t_used, keys, i, _hash(keys, i))
         if not held:
@@ -162,12 +171,11 @@ def merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, 
     return keys.shape[0], n_used
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
-def _node_tuples(Q, mask, start):
-    """The tuples ``start…`` whose query bits meet ``mask`` (the first ``m`` of the array,
-    listed without a branch: most nodes take a minority of a batch, and a test per tuple
-    mispredicted)."""
-    sel = np.empty(Q.shape[0] - start, np.int64)
+@nb.njit(cache=True, nogil=True, inline="always", _nrt=False)
+def _node_tuples(Q, mask, start, sel):
+    """The tuples ``start…`` whose query bits meet ``mask``, the first ``m`` of ``sel`` (listed
+    without a branch: most nodes take a minority of a batch, and a test per tuple
+    mispredicted); returns ``m``."""
     m = 0
     for i in range(start, Q.shape[0]):
         hit = np.uint64(0)
@@ -175,7 +183,7 @@ def _node_tuples(Q, mask, start):
             hit |= Q[i, w] & mask[w]
         sel[m] = i
         m += hit != 0
-    return sel, m
+    return m
 
 
 # a node keyed only on small codes gets a directly indexed array (DenseFront) of at most this
@@ -201,12 +209,19 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
     batch: a test per tuple mispredicted); then, a run of ``RUN`` tuples at a time, their
     keys and hashes are made and their home slots prefetched before any is probed
     (bench/README.md: 25 % less time a merge on the backbone's 50 queries)."""
+    return _merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, mask,
+                         time, period, ints, ips, kinds, idx, meas_idx, start,
+                         np.empty(Q.shape[0] - start, np.int64),
+                         np.empty((RUN, t_keys.shape[1]), np.int64), np.empty(RUN, np.uint64))
+
+
+@nb.njit(cache=True, nogil=True, _nrt=False)
+def _merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, mask, time,
+                  period, ints, ips, kinds, idx, meas_idx, start, sel, keys, hashes):
     words = Q.shape[1]
     n = Q.shape[0]
-    sel, m = _node_tuples(Q, mask, start)
+    m = _node_tuples(Q, mask, start, sel)
     meas_t = ints.T  # (tuples, fields): each tuple its own sum, min and max
-    keys = np.empty((RUN, t_keys.shape[1]), np.int64)
-    hashes = np.empty(RUN, np.uint64)
     home = np.uint64(t_keys.shape[0] - 1)
     merged = 0
     first = I64_MAX
@@ -252,14 +267,13 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
     return n, n_used, merged, first
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, nogil=True, _nrt=False)
 def _drain_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, ws, radix, pat_w,
-                 pat_b, d_cnt, d_sum, d_min, d_max, touched, n_touched):
+                 pat_b, d_cnt, d_sum, d_min, d_max, touched, n_touched, key, at):
     """Merge the ``n_touched`` rows of the direct-indexed array (window ``ws``) into the hash
-    table, emptying the array; the caller has kept room for them. Returns the entries."""
-    key = np.empty((1, t_keys.shape[1]), np.int64)
+    table, emptying the array; the caller has kept room for them. Returns the entries.
+    ``key``: a row of scratch, ``at``: the measure columns in order."""
     nk = radix.shape[0]
-    at = np.arange(d_sum.shape[1])
     for t in range(n_touched):
         code = touched[t]
         pid = code & ((np.int64(1) << pat_w.shape[0]) - 1)
@@ -298,15 +312,26 @@ def merge_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, ma
     NULL or outside its radix merges into the hash table directly. (Backbone bench, 50
     queries: the protocol, ip_version and dst_port nodes' 10.8M tuples took 14 ns each, 20
     through the hash table.)"""
+    n = Q.shape[0] - start
+    return _merge_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, mask,
+                        time, period, ints, idx, meas_idx, start, radix, pat_w, pat_b, d_cnt,
+                        d_sum, d_min, d_max, touched, np.empty(n, np.int64),
+                        np.zeros(n, np.int64), np.empty((1, t_keys.shape[1]), np.int64),
+                        np.arange(d_sum.shape[1]))
+
+
+@nb.njit(cache=True, nogil=True, _nrt=False)
+def _merge_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, mask, time,
+                 period, ints, idx, meas_idx, start, radix, pat_w, pat_b, d_cnt, d_sum, d_min,
+                 d_max, touched, sel, codes, key, at):
     words = Q.shape[1]
     n = Q.shape[0]
     nk = idx.shape[0]
     nb_ = pat_w.shape[0]
     nm = meas_idx.shape[0]
     meas_t = ints.T  # (tuples, fields), as merge_tuples reads the measures
-    sel, m = _node_tuples(Q, mask, start)
+    m = _node_tuples(Q, mask, start, sel)
     # column at a time over the node's tuples: each one's row (-1: a key outside its radix)
-    codes = np.zeros(m, np.int64)
     for k in range(nk):
         r = radix[k]
         col = ints[idx[k]]
@@ -321,7 +346,6 @@ def merge_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, ma
             c = codes[j]
             bit = np.int64((Q[sel[j], w] >> sh) & np.uint64(1))
             codes[j] = (c << 1) | bit if c >= 0 else -1
-    key = np.empty((1, t_keys.shape[1]), np.int64)
     n_t = 0
     ws_d = I64_MIN  # the window the array holds
     merged = 0
@@ -338,7 +362,7 @@ def merge_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, ma
             if ws != ws_d and n_t:
                 n_used = _drain_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, ws_d,
                                       radix, pat_w, pat_b, d_cnt, d_sum, d_min, d_max, touched,
-                                      n_t)
+                                      n_t, key, at)
                 n_t = 0
             ws_d = ws
             if d_cnt[code] == 0 and n_used + n_t >= limit:
@@ -365,7 +389,7 @@ def merge_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, ma
             if n_t and n_used + n_t >= limit:
                 n_used = _drain_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, ws_d,
                                       radix, pat_w, pat_b, d_cnt, d_sum, d_min, d_max, touched,
-                                      n_t)
+                                      n_t, key, at)
                 n_t = 0
             key[0, 0] = ws
             for k in range(nk):
@@ -383,11 +407,11 @@ def merge_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, ma
         first = min(first, ws)
     if n_t:
         n_used = _drain_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, ws_d, radix,
-                              pat_w, pat_b, d_cnt, d_sum, d_min, d_max, touched, n_t)
+                              pat_w, pat_b, d_cnt, d_sum, d_min, d_max, touched, n_t, key, at)
     return n, n_used, merged, first
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, nogil=True, _nrt=False)
 def address_words(col, ok, out):
     """Addresses (n, 16 bytes) as ``out`` rows (validity, high half, low half), big-endian
     halves as int64; zero words for a tuple without the address (a third of the time of

@@ -14,7 +14,7 @@ from capture.unpack import _be16, link_walk
 DEFAULT_FLOW_PORTS: tuple[int, ...] = (2055, 4739, 9995, 9996)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, _nrt=False)
 def _udp_payloads(buf, offset, caplen, linktype, ports, out_off, out_len, out_addr, out_rec):
     """UDP payloads sent to one of ``ports``, behind any link layer unpack knows (tags, labels,
     cooked, raw IP, loopback); IP fragments are skipped. Returns the number found."""
