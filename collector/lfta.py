@@ -60,7 +60,7 @@ _WORD_MULT = np.array([
     np.uint64)
 
 
-@nb.njit(cache=True, nogil=True, inline="always", _nrt=False)
+@nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
 def _hash(keys, i):
     """A 64-bit hash of row ``i``'s key words: the sum of each word times its own odd
     constant, through splitmix64's finaliser (which brings the high bits to the low ones the
@@ -74,7 +74,7 @@ def _hash(keys, i):
     return h ^ (h >> np.uint64(31))
 
 
-@nb.njit(cache=True, nogil=True, inline="always", _nrt=False)
+@nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
 def _slot(t_keys, t_used, keys, r, h):
     """Where key row ``r`` of ``keys`` (its hash ``h``) lives in the table: (slot, True) when
     it is held, (the free slot its probe reached, False) when it is not."""
@@ -113,7 +113,7 @@ def _prefetch(typingctx, table, row):
     return types.void(table, row), codegen
 
 
-@nb.njit(cache=True, nogil=True, inline="always", _nrt=False)
+@nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
 def _put(t_cnt, t_sum, t_min, t_max, slot, held, cnt, sums, mins, maxs, i, at):
     """Merge count ``cnt`` and row ``i`` of sums, mins and maxs (the table's measure ``m`` in
     their column ``at[m]``) into ``slot`` (``held``: it holds a row already; else it starts
@@ -140,7 +140,7 @@ def _put(t_cnt, t_sum, t_min, t_max, slot, held, cnt, sums, mins, maxs, i, at):
             t_max[slot, m] = maxs[i, c]
 
 
-@nb.njit(cache=True, nogil=True, inline="always", _nrt=False)
+@nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
 def _claim(t_keys, t_used, slot, keys, r):
     """Start a row for key row ``r`` in the free ``slot``."""
     t_used[slot] = True
@@ -157,7 +157,7 @@ def merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, 
                        sums, mins, maxs, start, np.arange(sums.shape[1]))
 
 
-@nb.njit(cache=True, nogil=True, _nrt=False)
+@nb.njit(cache=True, _nrt=False, nogil=True)
 def _merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, cnt, sums,
                 mins, maxs, start, at):
     for i in range(start, keys.shape[0]):
@@ -171,7 +171,7 @@ def _merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys,
     return keys.shape[0], n_used
 
 
-@nb.njit(cache=True, nogil=True, inline="always", _nrt=False)
+@nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
 def _node_tuples(Q, mask, start, sel):
     """The tuples ``start…`` whose query bits meet ``mask``, the first ``m`` of ``sel`` (listed
     without a branch: most nodes take a minority of a batch, and a test per tuple
@@ -215,7 +215,7 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
                          np.empty((RUN, t_keys.shape[1]), np.int64), np.empty(RUN, np.uint64))
 
 
-@nb.njit(cache=True, nogil=True, _nrt=False)
+@nb.njit(cache=True, _nrt=False, nogil=True)
 def _merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, mask, time,
                   period, ints, ips, kinds, idx, meas_idx, start, sel, keys, hashes):
     words = Q.shape[1]
@@ -267,7 +267,7 @@ def _merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, 
     return n, n_used, merged, first
 
 
-@nb.njit(cache=True, nogil=True, _nrt=False)
+@nb.njit(cache=True, _nrt=False, nogil=True)
 def _drain_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, ws, radix, pat_w,
                  pat_b, d_cnt, d_sum, d_min, d_max, touched, n_touched, key, at):
     """Merge the ``n_touched`` rows of the direct-indexed array (window ``ws``) into the hash
@@ -320,7 +320,7 @@ def merge_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, ma
                         np.arange(d_sum.shape[1]))
 
 
-@nb.njit(cache=True, nogil=True, _nrt=False)
+@nb.njit(cache=True, _nrt=False, nogil=True)
 def _merge_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, mask, time,
                  period, ints, idx, meas_idx, start, radix, pat_w, pat_b, d_cnt, d_sum, d_min,
                  d_max, touched, sel, codes, key, at):
@@ -411,7 +411,7 @@ def _merge_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
     return n, n_used, merged, first
 
 
-@nb.njit(cache=True, nogil=True, _nrt=False)
+@nb.njit(cache=True, _nrt=False, nogil=True)
 def address_words(col, ok, out):
     """Addresses (n, 16 bytes) as ``out`` rows (validity, high half, low half), big-endian
     halves as int64; zero words for a tuple without the address (a third of the time of
