@@ -91,41 +91,58 @@ def _regions(a, idx, lo_j, hi_j, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, 
 @nb.njit(cache=True, nogil=True)
 def asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, asc_clen, c_int,
                c_hi, c_lo, asc_tstart, asc_tlen, r_table, asc_bstart, b_table, qrb, rest_qub,
-               first_undone, macro, arrows):
+               first_undone, macro, arrows, stats):
     """AND each tuple's query mask with one region's qrb per ASC, in the (macro or hybrid)
     sequence; a tuple leaves as soon as its mask is 0 or no unevaluated ASC decides a query
     still set. Evaluated in rounds over selection vectors: the live tuples are grouped by
     the ASC they visit next, so every inner loop runs one ASC over many tuples.
 
     rest_qub[d]: the queries decided by the ASCs outside the evaluated set d (a bitmask);
-    first_undone[d]: the first ASC of the macro-sequence outside d. Returns ASCs evaluated."""
+    first_undone[d]: the first ASC of the macro-sequence outside d. Adds to ``stats`` the
+    tuples that reached the ASCs (a query they decide was set) and, of them, those left with
+    none of those queries. Returns ASCs evaluated."""
     n = Q.shape[0]
+    return _asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart,
+                       asc_clen, c_int, c_hi, c_lo, asc_tstart, asc_tlen, r_table, asc_bstart,
+                       b_table, qrb, rest_qub, first_undone, macro, arrows, stats,
+                       np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int32),
+                       np.empty(n, np.int32), np.empty(n, np.int64),
+                       np.empty(macro.shape[0] + 1, np.int64))
+
+
+@nb.njit(cache=True, _nrt=False, nogil=True)
+def _asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, asc_clen, c_int,
+                c_hi, c_lo, asc_tstart, asc_tlen, r_table, asc_bstart, b_table, qrb, rest_qub,
+                first_undone, macro, arrows, stats, alive, order, done, nxt, reg, counts):
+    """``asc_kernel`` on scratch arrays of the batch's length (each entry written before it
+    is read: only the live tuples' are)."""
     words = Q.shape[1]
     n_asc = macro.shape[0]
-    alive = np.empty(n, dtype=np.int64)
     n_alive = 0
-    for i in range(n):
+    for i in range(Q.shape[0]):
         open_q = False
         for w in range(words):
             open_q |= (Q[i, w] & rest_qub[0, w]) != 0
-        if open_q:
-            alive[n_alive] = i
-            n_alive += 1
-    done = np.zeros(n, dtype=np.int64)
-    nxt = np.full(n, macro[0], dtype=np.int64)
-    reg = np.zeros(n, dtype=np.int64)
-    counts = np.zeros(n_asc + 1, dtype=np.int64)
-    order = np.empty(n, dtype=np.int64)
+        alive[n_alive] = i
+        n_alive += open_q
+    stats[0] += n_alive
+    for j in range(n_alive):
+        i = alive[j]
+        done[i] = 0
+        nxt[i] = macro[0]
+    dropped = 0
     evals = 0
     first_round = True
     while n_alive > 0:
         if first_round:  # every live tuple visits the macro-sequence's first ASC: no sort
             first_round = False
-            order[:n_alive] = alive[:n_alive]
+            for j in range(n_alive):
+                order[j] = alive[j]
             for a in range(n_asc):
                 counts[a] = n_alive if a >= macro[0] else 0
         else:
-            counts[:] = 0
+            for a in range(n_asc + 1):
+                counts[a] = 0
             for j in range(n_alive):
                 counts[nxt[alive[j]] + 1] += 1
             for a in range(n_asc):
@@ -141,7 +158,7 @@ def asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, asc
                 _regions(a, order, start, stop, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col,
                          asc_cstart, asc_clen, c_int, c_hi, c_lo, asc_tstart, asc_tlen, r_table,
                          asc_bstart, b_table, reg)
-                bit = np.int64(1) << a
+                bit = np.int32(1) << a
                 for j in range(start, stop):
                     i = order[j]
                     r = reg[i]
@@ -157,7 +174,11 @@ def asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, asc
             open_q = False
             for w in range(words):
                 open_q |= (Q[i, w] & rest_qub[d, w]) != 0
-            if not open_q:
+            if not open_q:  # it leaves: with none of the ASCs' queries, it was dropped
+                kept_q = False
+                for w in range(words):
+                    kept_q |= (Q[i, w] & rest_qub[0, w]) != 0
+                dropped += not kept_q
                 continue
             t = arrows[nxt[i], reg[i]]
             if t < 0 or (d >> t) & 1:
@@ -166,6 +187,7 @@ def asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, asc
             alive[m] = i
             m += 1
         n_alive = m
+    stats[1] += dropped
     return evals
 
 
@@ -241,23 +263,26 @@ class AscRuntime:
         cp = self.cp
         if not cp.ascs:
             return 0
-        union = self._decided
-        reach = np.flatnonzero((Q & union).any(axis=1))
         adapt = self.strategy != "fixed"
-        if adapt and len(reach) and self._kept < self.sample:
+        if adapt and self._kept < self.sample:
+            reach = np.flatnonzero((Q & self._decided).any(axis=1))
             take = min(len(reach), self.sample - self._kept, max(64, self.sample // 16))
-            rows = np.sort(self._rng.choice(reach, take, replace=False))
-            self._R.append(asc_regions(rows, ints, ip_hi, ip_lo, ip_ok, *cp.asc_arrays()))
-            self._Q0.append(Q[rows].copy())
-            self._kept += take
+            if take:
+                rows = np.sort(self._rng.choice(reach, take, replace=False))
+                self._R.append(asc_regions(rows, ints, ip_hi, ip_lo, ip_ok,
+                                           *cp.asc_arrays()))
+                self._Q0.append(Q[rows].copy())
+                self._kept += take
         if self._tables is None:
             self._tables = sequence_tables(cp.asc_qub, self.macro)
+        stats = np.zeros(2, dtype=np.int64)  # reached, dropped
         evals = asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, *cp.asc_arrays(), cp.asc_qrb,
-                           *self._tables, self.macro, self.arrows)
+                           *self._tables, self.macro, self.arrows, stats)
+        reached, dropped = int(stats[0]), int(stats[1])
         self.evaluations += evals
-        self.reached += len(reach)
-        self._p_reached += len(reach)
-        self._p_dropped += int((~(Q[reach] & union).any(axis=1)).sum())
+        self.reached += reached
+        self._p_reached += reached
+        self._p_dropped += dropped
         if adapt and self._p_reached >= self.period:
             self._end_period()
         return evals

@@ -376,7 +376,8 @@ class Engine:
             self.meter.observe(c.plan, tb)
         evals, moves = c.asc.evaluations, c.asc.rearrangements
         _, Q = run_prefilter(c.prefilter, tb, c.asc)
-        invoked = slot_counts(Q)  # what the prefilter let through, before the residual
+        # what the prefilter let through, before the residual
+        invoked, kept = slot_counts(Q)
         if c.asc.evaluations != evals:
             self.metrics.asc_evaluations.labels(self.stream).inc(c.asc.evaluations - evals)
         if c.asc.rearrangements != moves:
@@ -399,10 +400,8 @@ class Engine:
                 self._show_order(texts)
             for name, n in functions.take_errors().items():
                 m.residual_errors.labels(name).inc(n)
-        keep = Q.any(axis=1)
-        kept = int(keep.sum())
+        matched, kept = slot_counts(Q) if c.residual else (invoked, kept)
         self.metrics.prefilter_dropped.labels(self.stream).inc(len(tb) - kept)
-        matched = slot_counts(Q) if c.residual else invoked
         for slot, name in c.names.items():
             avoided, hit = c.counters.get(slot) or c.counters.setdefault(slot, (
                 self.metrics.query_avoided.labels(name), self.metrics.query_matched.labels(name)))
@@ -418,7 +417,7 @@ class Engine:
         sub = None
         if self.sampler is not None and c.agg_slots or any(fp.period is None
                                                             for fp in c.folders):
-            rows = np.flatnonzero(keep)
+            rows = np.flatnonzero(Q.any(axis=1))
             sub = (tb, Q) if kept == len(tb) else (tb.take(rows), Q[rows])
         if self.sampler is not None and c.agg_slots:
             self.sampler.observe(self.stream, *sub, c.keys, c.agg_slots)

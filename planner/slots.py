@@ -35,17 +35,57 @@ def has_slot(Q: np.ndarray, slot: int) -> np.ndarray:
     return (Q[:, w] & bit) != 0
 
 
+TALLY_BITS = 12  # slot_counts' table holds 2^12 query-bit patterns (a batch, hundreds)
+TALLY_PATTERNS = 1 << TALLY_BITS
+
+
 @nb.njit(cache=True, nogil=True)
 def slot_counts(Q):
-    """Per slot, the rows of ``Q`` (rows × words) with its bit set: 64 · words counts."""
+    """Per slot, the rows of ``Q`` (rows × words) with its bit set (64 · words counts), and
+    the rows with any bit set. A batch holds a few hundred distinct patterns (the backbone
+    bench's 50 queries: 550-650 in 65,536 rows), so rows are counted per pattern in a small
+    table and each pattern's bits are added once when it leaves the table: a bit loop per
+    row took 3.5x as long (its exit mispredicts)."""
     out = np.zeros(Q.shape[1] * 64, dtype=np.int64)
+    any_bit = _slot_counts(Q, out, np.zeros((TALLY_PATTERNS, Q.shape[1]), dtype=np.uint64),
+                           np.zeros(TALLY_PATTERNS, dtype=np.int64))
+    return out, any_bit
+
+
+@nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
+def _add_pattern(keys, cnts, s, out):
+    for w in range(keys.shape[1]):
+        x = keys[s, w]
+        while x:
+            out[w * 64 + trailing_zeros(x)] += cnts[s]
+            x &= x - np.uint64(1)  # without its lowest set bit
+
+
+@nb.njit(cache=True, _nrt=False, nogil=True)
+def _slot_counts(Q, out, keys, cnts):
+    shift = np.uint64(64 - TALLY_BITS)
+    any_bit = 0
     for i in range(Q.shape[0]):
+        h = np.uint64(0)
+        nonzero = False
         for w in range(Q.shape[1]):
             x = Q[i, w]
-            while x:
-                out[w * 64 + trailing_zeros(x)] += 1
-                x &= x - np.uint64(1)  # without its lowest set bit
-    return out
+            h = (h ^ x) * np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the top bits
+            nonzero |= x != 0
+        any_bit += nonzero
+        s = np.int64(h >> shift)
+        same = True
+        for w in range(Q.shape[1]):
+            same &= keys[s, w] == Q[i, w]
+        if not same:  # another pattern held the entry (or none: its count is 0)
+            _add_pattern(keys, cnts, s, out)
+            for w in range(Q.shape[1]):
+                keys[s, w] = Q[i, w]
+            cnts[s] = 0
+        cnts[s] += 1
+    for s in range(cnts.shape[0]):
+        _add_pattern(keys, cnts, s, out)
+    return any_bit  # without numba's runtime: an array is never returned (its count)
 
 
 def clear_slot(Q: np.ndarray, rows: np.ndarray, slot: int) -> None:
