@@ -195,13 +195,14 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
 
 def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None,
                    only: Collection[str] | None = None, sketches: bool = True,
-                   sets: bool = False) -> DataFrame:
+                   sets: bool = False, one_pass: bool = False) -> DataFrame:
     """Merge the partials of each (window, node, key), from any number of capture daemons,
     under the watermark. The key is one binary value (collector/keys.py): the group never
     spans the catalogue's columns and no row is exploded per query. ``only``: the measures
     the queries read (a batch job's queries are known), the others are left out;
     ``sketches``: False when no query counts approximately (no row carries a sketch);
-    ``sets``: rows may carry value sets (``replay``'s pruning makes them)."""
+    ``sets``: rows may carry value sets (``replay``'s pruning makes them); ``one_pass``: one
+    aggregation for every row (a merge of few rows, ``small_merge``)."""
     aggs = [F.sum("cnt").alias("cnt")]
     for m in measures(stream):
         if only is not None and m.name not in only:
@@ -217,6 +218,16 @@ def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None,
     # is an object aggregate, which would take the hash aggregation away from every row
     # (2.3x the merge time on the backbone bench's 50 queries)
     no_set = F.lit(None).cast("array<binary>")
+    if one_pass:
+        # the object aggregates on every row: on few rows their cost per row is nothing
+        # against a second aggregation's (and the union's) fixed cost (the telemetry bench's
+        # 63 rows, warm: 0.19-0.23 s split, 0.10-0.14 s in one); a group without sketches
+        # or sets (a node's rows all carry them, or none does) gets NULL, as when split
+        hll = F.when(F.count("hll") > 0, F.hll_union_agg("hll", True)) if sketches \
+            else F.lit(None).cast("binary")
+        vals = F.when(F.count("vals") > 0, F.flatten(F.collect_list("vals"))) if sets \
+            else no_set
+        return df.groupBy(*keys).agg(*aggs, hll.alias("hll"), vals.alias("vals"))
     unsketched = F.col("hll").isNull()
     plain = df.where(unsketched & F.col("vals").isNull() if sets else unsketched) \
         .groupBy(*keys).agg(*aggs) \
@@ -246,6 +257,9 @@ CODEGEN = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMo
 # merge took 1.05-1.12 s interpreted, 0.71-0.79 s code-generated and warmed up while reading,
 # and the whole replay the same within noise; larger merges keep generated code.
 INTERPRET_MAX_ROWS = 150_000
+# ... and one of at most this many aggregates every row in one pass (``merge_partials``'
+# one_pass: a sketch or a value set makes it an object aggregation, which costs more a row)
+ONE_PASS_MAX_ROWS = 20_000
 
 
 def small_merge(df: DataFrame) -> DataFrame:
@@ -281,8 +295,8 @@ def warm_up(spark: SparkSession, streams: list[str], only: Collection[str] | Non
     """Run the batch merge (of the measures in ``only``) once on a one-row spool file, so that
     the JVM has loaded, compiled and code-generated what the real job needs (``replay`` does
     this while it reads; the code of another set of measures is other code: 1.5 s more).
-    ``interpreted``: as a merge of few rows runs (``batch_merge``), most merges; ``sketches``
-    and ``sets``: as ``merge_partials``."""
+    ``interpreted``: as a merge of few rows runs (``batch_merge``, in one pass), most
+    merges; ``sketches`` and ``sets``: as ``merge_partials``."""
     import tempfile
 
     import pyarrow.parquet as pq
@@ -297,7 +311,7 @@ def warm_up(spark: SparkSession, streams: list[str], only: Collection[str] | Non
             df = spark.read.schema(spark_ddl(schema)).parquet(f"{d}/{stream}.parquet")
             if interpreted:
                 df = small_merge(df)
-            merge_partials(df, stream, None, only, sketches, sets).toArrow()
+            merge_partials(df, stream, None, only, sketches, sets, interpreted).toArrow()
     class_dump_ready()
 
 
@@ -474,17 +488,18 @@ class SparkJob:
         except (OSError, pa.ArrowInvalid):  # a torn file: Spark skips it, the rest is read
             rows = None
         small = rows is not None and rows <= INTERPRET_MAX_ROWS
+        one_pass = rows is not None and rows <= ONE_PASS_MAX_ROWS
         with batch_merge(self.spark, interpreted=small):
-            self._merge_batch(stream, folder, path, only, sketches, sets, small)
+            self._merge_batch(stream, folder, path, only, sketches, sets, small, one_pass)
 
     def _merge_batch(self, stream: str, folder: str, path: Path,
                      only: Collection[str] | None, sketches: bool, sets: bool,
-                     small: bool) -> None:
+                     small: bool, one_pass: bool) -> None:
         df = (self.spark.read.schema(spark_ddl(schema_for(stream, folder)))
               .parquet(str(path)))
         if folder != "select":
             df = merge_partials(small_merge(df) if small else df, stream, None, only, sketches,
-                                sets)
+                                sets, one_pass)
         t0 = time.perf_counter()
         table = df.toArrow()
         t1 = time.perf_counter()

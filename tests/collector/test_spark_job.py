@@ -257,6 +257,61 @@ def test_a_small_merge_runs_without_a_shuffle(spark, tmp_path):
     assert got[True] == got[False] == [(b"a", 4), (b"b", 7), (b"c", 4)]
 
 
+def test_a_merge_in_one_pass_merges_what_the_split_merge_merges(spark, tmp_path):
+    """``merge_partials(one_pass=True)`` (a small merge: every row in one aggregation) gives
+    the groups, counts, sketches and value sets of the split merge (plain rows, sketched rows
+    and value sets each aggregated apart), from rows of each kind spread over several files:
+    a group of several sketches gets their union, a group of several sets their values
+    together (an empty set stays an empty set), a plain group no sketch and no set."""
+    import datasketches
+
+    from collector.spark.job import merge_partials, small_merge
+
+    def sketch(lo: int, hi: int) -> bytes:
+        sk = datasketches.hll_sketch(12)
+        for x in range(lo, hi):
+            sk.update(x)
+        return sk.serialize_compact()
+
+    schema = schema_for("packets", "60")
+    files = [
+        {"node": ["n", "s", "v"], "key": [b"a", b"a", b"a"], "cnt": [1, 2, 3],
+         "hll": [None, sketch(0, 300), None], "vals": [None, None, [b"x", b"y"]]},
+        {"node": ["n", "s", "v", "v"], "key": [b"a", b"a", b"a", b"b"], "cnt": [4, 5, 6, 7],
+         "hll": [None, sketch(200, 600), None, None], "vals": [None, None, [b"y"], []]},
+        {"node": ["n"], "key": [b"c"], "cnt": [8], "hll": [None], "vals": [None]},
+    ]
+    for k, f in enumerate(files):
+        n = len(f["key"])
+        pq.write_table(pa.Table.from_arrays(null_columns(schema, n, {
+            "window_start": pa.array([0] * n, pa.timestamp("us", "UTC")),
+            "node": pa.array(f["node"]), "key": pa.array(f["key"]),
+            "cnt": pa.array(f["cnt"], pa.int64()),
+            "sum_wirelen": pa.array(f["cnt"], pa.int64()),
+            "hll": pa.array(f["hll"], pa.binary()),
+            "vals": pa.array(f["vals"], pa.list_(pa.binary()))}), schema=schema),
+            tmp_path / f"{k}.parquet")
+    df = spark.read.schema(spark_ddl(schema)).parquet(str(tmp_path))
+    got = {}
+    for one_pass in (False, True):
+        with batch_merge(spark, interpreted=one_pass):
+            merged = merge_partials(small_merge(df) if one_pass else df, "packets", None,
+                                    ["wirelen"], sketches=True, sets=True, one_pass=one_pass)
+            got[one_pass] = {
+                (r["node"], r["key"]): (
+                    r["cnt"], r["sum_wirelen"],
+                    None if r["hll"] is None else round(
+                        datasketches.hll_sketch.deserialize(bytes(r["hll"])).get_estimate()),
+                    None if r["vals"] is None else sorted(bytes(v) for v in r["vals"]))
+                for r in merged.collect()}
+    assert got[True] == got[False]
+    assert got[True][("n", b"a")] == (5, 5, None, None)
+    assert got[True][("s", b"a")][2] == pytest.approx(600, rel=0.05)
+    assert got[True][("v", b"a")] == (9, 9, None, [b"x", b"y", b"y"])
+    assert got[True][("v", b"b")] == (7, 7, None, [])
+    assert got[True][("n", b"c")] == (8, 8, None, None)
+
+
 def test_a_batch_merge_leaves_the_session_as_it_was(spark):
     """Bypassing Spark's partial aggregation, and interpreting a small merge, are the batch
     merge's own settings: the streaming queries of a daemon sharing the session never see
