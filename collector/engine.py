@@ -368,8 +368,8 @@ class Engine:
             if c.residual:
                 c.residual.apply(tb, Q)
             if self.sampler is not None and c.agg_slots:
-                keep = np.flatnonzero(Q.any(axis=1))
-                self.sampler.observe(self.stream, tb.take(keep), Q[keep], c.keys, c.agg_slots)
+                self.sampler.observe(self.stream, tb, Q, c.keys, c.agg_slots,
+                                     among=np.flatnonzero(Q.any(axis=1)))
 
     def process_tuples(self, c: _Compiled, tb: TupleBatch | FlowBatch) -> int:
         if self.meter is not None:
@@ -413,14 +413,16 @@ class Engine:
             self._rounds(c, tb)
             return 0
         # the LFTA tables pick their rows out of the whole batch (a row no query kept has an
-        # empty mask); selection rows and the sample take the kept rows
-        sub = None
-        if self.sampler is not None and c.agg_slots or any(fp.period is None
-                                                            for fp in c.folders):
+        # empty mask); selection rows take the kept rows, the sample is drawn among them
+        sub = rows = None
+        sampling = self.sampler is not None and c.agg_slots
+        selecting = any(fp.period is None for fp in c.folders)
+        if sampling or selecting:
             rows = np.flatnonzero(Q.any(axis=1))
+        if selecting:
             sub = (tb, Q) if kept == len(tb) else (tb.take(rows), Q[rows])
-        if self.sampler is not None and c.agg_slots:
-            self.sampler.observe(self.stream, *sub, c.keys, c.agg_slots)
+        if sampling:
+            self.sampler.observe(self.stream, tb, Q, c.keys, c.agg_slots, among=rows)
         now = time.monotonic_ns()
         cols = BatchColumns(tb)  # each column the tables read, made once for all of them
         reads = [t.reads for fp in c.folders if fp.period is not None for t in fp.tables

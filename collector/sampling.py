@@ -52,14 +52,18 @@ class TupleSampler:
         self._names: dict[str, tuple] = {}  # stream -> (fields, slots) of the sample
         self._seen: dict[str, list[int]] = {}  # stream -> [tuples, first time, last time]
 
-    def observe(self, stream: str, tb, Q: np.ndarray, names, slots) -> None:
+    def observe(self, stream: str, tb, Q: np.ndarray, names, slots,
+                among: np.ndarray | None = None) -> None:
         """Sample a batch of tuples that passed the prefilter (``Q``: their query bits;
-        ``names`` the fields to hash, ``slots`` the aggregate queries' slots of the plan)."""
-        n = len(tb)
+        ``names`` the fields to hash, ``slots`` the aggregate queries' slots of the plan).
+        ``among``: the rows of ``tb`` and ``Q`` that passed (default: every row); the sample
+        is drawn among them and only its rows are read (taking every passed row of a batch
+        first read all its fields to keep a few percent of them)."""
+        n = len(tb) if among is None else len(among)
         if not n:
             return
         names = (tuple(sorted(names)), frozenset(slots))
-        t = tb.time
+        t = tb.time if among is None else tb.time[among]
         with self._lock:
             seen = self._seen.setdefault(stream, [0, int(t.min()), int(t.max())])
             seen[0] += n
@@ -69,8 +73,9 @@ class TupleSampler:
             rows = np.flatnonzero(self._rng.random(n) < p)
         if not len(rows):
             return
-        part = TupleSample(t[rows].astype(np.int64), field_hashes(stream, tb, rows, names[0]),
-                           Q[rows].copy(), np.full(len(rows), 1.0 / p), names[1])
+        at = rows if among is None else among[rows]  # the sampled rows of the batch
+        part = TupleSample(t[rows].astype(np.int64), field_hashes(stream, tb, at, names[0]),
+                           Q[at].copy(), np.full(len(rows), 1.0 / p), names[1])
         with self._lock:
             if self._names.get(stream) != names or (
                     self._parts.get(stream) and self._parts[stream][0].Q.shape[1]
