@@ -238,8 +238,9 @@ class AscRuntime:
         n = len(cp.ascs)
         self.cp, self.strategy, self.period, self.mu, self.sample = cp, strategy, period, mu, \
             sample
-        # the dropping ratio is over the queries the ASCs decide: a query no ASC constrains
-        # (e.g. one without cheap predicates) keeps every tuple and would hide every drop
+        # the queries the ASCs decide (the kernel's rest_qub[0]): the sample and the dropping
+        # ratio are over the tuples holding one (a query no ASC constrains, e.g. one without
+        # cheap predicates, keeps every tuple and would hide every drop)
         self._decided = np.bitwise_or.reduce(cp.asc_qub, axis=0) if n else None
         self.macro = np.arange(n, dtype=np.int64)
         self.arrows = np.full((n, cp.asc_qrb.shape[1] if n else 1), -1, dtype=np.int64)

@@ -213,10 +213,6 @@ def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None,
     if watermark_delay_s is not None:  # streaming; a batch job (replay) has none
         df = df.withWatermark("window_start", f"{watermark_delay_s} seconds")
     keys = ("window_start", "node", "key")
-    # the sketches of approx_count_distinct (a node's rows all carry one, or none do) merge
-    # apart: Spark's hll_union_agg (DataSketches, so sketches of every capture daemon unite)
-    # is an object aggregate, which would take the hash aggregation away from every row
-    # (2.3x the merge time on the backbone bench's 50 queries)
     no_set = F.lit(None).cast("array<binary>")
     if one_pass:
         # the object aggregates on every row: on few rows their cost per row is nothing
@@ -228,6 +224,10 @@ def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None,
         vals = F.when(F.count("vals") > 0, F.flatten(F.collect_list("vals"))) if sets \
             else no_set
         return df.groupBy(*keys).agg(*aggs, hll.alias("hll"), vals.alias("vals"))
+    # the sketches of approx_count_distinct (a node's rows all carry one, or none do) merge
+    # apart: Spark's hll_union_agg (DataSketches, so sketches of every capture daemon unite)
+    # is an object aggregate, which would take the hash aggregation away from every row
+    # (2.3x the merge time on the backbone bench's 50 queries)
     unsketched = F.col("hll").isNull()
     plain = df.where(unsketched & F.col("vals").isNull() if sets else unsketched) \
         .groupBy(*keys).agg(*aggs) \
