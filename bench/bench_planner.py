@@ -111,9 +111,7 @@ def run_bits(cp, inputs):
         n = ints.shape[1] if ints.shape[0] else ip_ok.shape[1]
         B = np.zeros((0, 1), np.uint64)  # the engine does not pack B
         Q = np.zeros((n, cp.q_words), np.uint64)
-        prefilter_kernel(ints, ip_hi, ip_lo, ip_ok, cp.a_col, cp.a_op, cp.a_neg, cp.a_v,
-                         cp.a_ip, cp.set_vals, cp.p_start, cp.p_len, cp.b_start, cp.b_len,
-                         cp.b_preds, cp.s_slot, cp.s_start, cp.s_len, cp.s_bits, B, Q)
+        prefilter_kernel(ints, ip_hi, ip_lo, ip_ok, *cp.kernel_arrays(), B, Q)
         out.append(Q)
     return out
 

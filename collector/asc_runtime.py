@@ -126,12 +126,44 @@ def _asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, as
         alive[n_alive] = i
         n_alive += open_q
     stats[0] += n_alive
+    dropped = 0
+    evals = 0
+    in_sequence = True
+    for a in range(n_asc):
+        for r in range(arrows.shape[1]):
+            in_sequence &= arrows[a, r] < 0
+    if in_sequence:  # no micro-arrow: every live tuple visits the macro-sequence's next ASC
+        d = 0
+        for k in range(n_asc):
+            if n_alive == 0:
+                break
+            a = macro[k]
+            _regions(a, alive, 0, n_alive, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col,
+                     asc_cstart, asc_clen, c_int, c_hi, c_lo, asc_tstart, asc_tlen, r_table,
+                     asc_bstart, b_table, reg)
+            evals += n_alive
+            d |= np.int64(1) << a
+            m = 0
+            for j in range(n_alive):  # without a branch: a third of the tuples stay
+                i = alive[j]
+                r = reg[i]
+                open_q = False
+                kept_q = False
+                for w in range(words):
+                    q = Q[i, w] & qrb[a, r, w]
+                    Q[i, w] = q
+                    open_q |= (q & rest_qub[d, w]) != 0
+                    kept_q |= (q & rest_qub[0, w]) != 0
+                alive[m] = i
+                m += open_q
+                dropped += not (open_q | kept_q)  # it leaves with none of the ASCs' queries
+            n_alive = m
+        stats[1] += dropped
+        return evals
     for j in range(n_alive):
         i = alive[j]
         done[i] = 0
         nxt[i] = macro[0]
-    dropped = 0
-    evals = 0
     first_round = True
     while n_alive > 0:
         if first_round:  # every live tuple visits the macro-sequence's first ASC: no sort

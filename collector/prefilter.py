@@ -46,6 +46,10 @@ class CompiledPrefilter:
     s_start: np.ndarray  # int64: first entry of its signature in s_bits
     s_len: np.ndarray
     s_bits: np.ndarray  # int64 local bit ids
+    g_start: np.ndarray  # int64 per distinct signature: first entry of its bits in g_bits
+    g_len: np.ndarray  # int64
+    g_bits: np.ndarray  # int64 local bit ids
+    g_mask: np.ndarray  # uint64 (signatures, q words): the slots with that signature
     pred_ids: list[int]  # plan predicate id of each local predicate
     n_slots: int
     ascs: list[ASC]
@@ -63,6 +67,12 @@ class CompiledPrefilter:
     r_table: np.ndarray  # int16 region of every value 0..len-1, for small integer domains
     asc_bstart: np.ndarray  # int64 per ASC: first entry of its /16 index in b_table, -1 if none
     b_table: np.ndarray  # int32 per address ASC: where each IPv4 /16's constants begin (65,537)
+
+    def kernel_arrays(self) -> tuple:
+        """The arrays ``prefilter_kernel`` reads, in its argument order."""
+        return (self.a_col, self.a_op, self.a_neg, self.a_v, self.a_ip, self.set_vals,
+                self.p_start, self.p_len, self.b_start, self.b_len, self.b_preds, self.g_start,
+                self.g_len, self.g_bits, self.g_mask)
 
     def asc_arrays(self) -> tuple:
         """The arrays a region look-up needs, in the kernels' argument order."""
@@ -93,6 +103,23 @@ def v4_buckets(constants: list[int]) -> np.ndarray:
     c = np.array([x - base if base <= x < base + (1 << 32) else (-1 if x < base else 1 << 32)
                   for x in constants], np.int64)
     return np.searchsorted(c, np.arange(65_537, dtype=np.int64) << 16).astype(np.int32)
+
+
+def signature_masks(s_slot: list[int], s_start: list[int], s_len: list[int], s_bits: list[int],
+                    words: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct signatures of the slots (their bits, fewest first) and the mask of the
+    slots of each: (g_start, g_len, g_bits, g_mask)."""
+    masks: dict[tuple[int, ...], np.ndarray] = {}
+    for slot, start, length in zip(s_slot, s_start, s_len, strict=True):
+        sig = tuple(sorted(set(s_bits[start:start + length])))
+        mask = masks.setdefault(sig, np.zeros(words, np.uint64))
+        mask[slot >> 6] |= np.uint64(1) << np.uint64(slot & 63)
+    sigs = sorted(masks, key=lambda g: (len(g), g))
+    g_len = np.array([len(g) for g in sigs], np.int64)
+    g_start = np.concatenate([[0], np.cumsum(g_len)[:-1]]).astype(np.int64)
+    g_bits = np.array([b for g in sigs for b in g], np.int64)
+    g_mask = np.array([masks[g] for g in sigs], np.uint64).reshape(len(sigs), words)
+    return g_start, g_len, g_bits, g_mask
 
 
 def compile_prefilter(plan: Plan, stream: str) -> CompiledPrefilter:
@@ -181,6 +208,8 @@ def compile_prefilter(plan: Plan, stream: str) -> CompiledPrefilter:
         s_start.append(len(s_bits))
         s_len.append(len(qp.signature))
         s_bits.extend(local_bit[b] for b in qp.signature)
+    g_start, g_len, g_bits, g_mask = signature_masks(s_slot, s_start, s_len, s_bits,
+                                                     n_words(n_slots))
     return CompiledPrefilter(
         stream, plan.version, int_cols, ip_cols,
         np.array(a_col, np.int32), np.array(a_op, np.int32), np.array(a_neg, np.bool_),
@@ -188,7 +217,8 @@ def compile_prefilter(plan: Plan, stream: str) -> CompiledPrefilter:
         np.array(set_vals, np.int64), np.array(p_start, np.int32), np.array(p_len, np.int32),
         np.array(b_start, np.int32), np.array(b_len, np.int32), np.array(b_preds, np.int32),
         np.array(s_slot, np.int64), np.array(s_start, np.int64),
-        np.array(s_len, np.int64), np.array(s_bits, np.int64), pred_ids, n_slots, ascs,
+        np.array(s_len, np.int64), np.array(s_bits, np.int64), g_start, g_len, g_bits, g_mask,
+        pred_ids, n_slots, ascs,
         np.array(asc_is_ip, np.bool_),
         np.array(asc_col, np.int32), np.array(asc_cstart, np.int32),
         np.array(asc_clen, np.int32), np.array(c_int, np.int64), np.array(c_hi, np.uint64),
@@ -211,120 +241,165 @@ def in_sorted(set_vals, start, count, x) -> bool:
     return lo < start + count and set_vals[lo] == x
 
 
+# rows of a batch the prefilter kernel evaluates at a time: a chunk's predicate, bit and mask
+# rows stay in the core's cache between the passes over them (a whole batch of 65,536 rows
+# streamed the 50-query set's 47 rows of predicates and bits from memory on every pass)
+CHUNK = 8192
+
+
 @nb.njit(cache=True, nogil=True)
-def _eval_atom_column(out, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip,
-                      set_vals):
-    """out[i] |= atom a on tuple i, for the whole batch: the operator is chosen once and the
-    loop over tuples is branch-free (NULL is false, negated or not)."""
-    n = out.shape[0]
+def _eval_atom_column(out, m, lo, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip,
+                      set_vals, tmp):
+    """out[i] |= atom a on tuple lo + i, for i < m: the operator is chosen once and the loop
+    over tuples is branch-free (NULL is false, negated or not), over a contiguous slice of
+    the column (so that it vectorizes); an IN of few constants is one pass per constant
+    (``tmp``: scratch of m entries)."""
     op = a_op[a]
     c = a_col[a]
     neg = a_neg[a]
     if op == 8:
         vh, vl, mh, ml = a_ip[a, 0], a_ip[a, 1], a_ip[a, 2], a_ip[a, 3]
-        for i in range(n):
-            hit = ((ip_hi[c, i] & mh) == vh) & ((ip_lo[c, i] & ml) == vl)
-            out[i] |= (hit ^ neg) & ip_ok[c, i]
+        hi_ = ip_hi[c, lo:lo + m]
+        lo_ = ip_lo[c, lo:lo + m]
+        ok_ = ip_ok[c, lo:lo + m]
+        for i in range(m):
+            hit = ((hi_[i] & mh) == vh) & ((lo_[i] & ml) == vl)
+            out[i] |= (hit ^ neg) & ok_[i]
         return
+    x_ = ints[c, lo:lo + m]
     v0 = a_v[a, 0]
     v1 = a_v[a, 1]
     if op == 0:
-        for i in range(n):
-            out[i] |= ints[c, i] == v0
+        for i in range(m):
+            out[i] |= x_[i] == v0
     elif op == 1:
-        for i in range(n):
-            x = ints[c, i]
-            out[i] |= (x != v0) & (x >= 0)
+        for i in range(m):
+            out[i] |= (x_[i] != v0) & (x_[i] >= 0)
     elif op == 2:
-        for i in range(n):
-            x = ints[c, i]
-            out[i] |= (x < v0) & (x >= 0)
+        for i in range(m):
+            out[i] |= (x_[i] < v0) & (x_[i] >= 0)
     elif op == 3:
-        for i in range(n):
-            x = ints[c, i]
-            out[i] |= (x <= v0) & (x >= 0)
+        for i in range(m):
+            out[i] |= (x_[i] <= v0) & (x_[i] >= 0)
     elif op == 4:
-        for i in range(n):
-            out[i] |= ints[c, i] > v0
+        for i in range(m):
+            out[i] |= x_[i] > v0
     elif op == 5:
-        for i in range(n):
-            out[i] |= ints[c, i] >= v0
+        for i in range(m):
+            out[i] |= x_[i] >= v0
     elif op == 7:
-        for i in range(n):
-            x = ints[c, i]
+        for i in range(m):
+            x = x_[i]
             out[i] |= (((x >= v0) & (x <= v1)) ^ neg) & (x >= 0)
     elif op == 9:  # bit test: (x & v0) == v1
-        for i in range(n):
-            x = ints[c, i]
+        for i in range(m):
+            x = x_[i]
             out[i] |= (((x & v0) == v1) ^ neg) & (x >= 0)
     else:  # IN: v0 = first constant, v1 = count
+        hit = tmp[:m]
         if v1 <= 16:
-            for i in range(n):
-                x = ints[c, i]
-                hit = False
-                for k in range(v0, v0 + v1):
-                    hit |= x == set_vals[k]
-                out[i] |= (hit ^ neg) & (x >= 0)
+            for i in range(m):
+                hit[i] = False
+            for k in range(v0, v0 + v1):
+                v = set_vals[k]
+                for i in range(m):
+                    hit[i] |= x_[i] == v
         else:
-            for i in range(n):
-                x = ints[c, i]
-                out[i] |= (in_sorted(set_vals, v0, v1, x) ^ neg) & (x >= 0)
+            for i in range(m):
+                hit[i] = in_sorted(set_vals, v0, v1, x_[i])
+        for i in range(m):
+            out[i] |= (hit[i] ^ neg) & (x_[i] >= 0)
 
 
 @nb.njit(cache=True, nogil=True)
 def prefilter_kernel(ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip, set_vals,
-                     p_start, p_len, b_start, b_len, b_preds, s_slot, s_start, s_len, s_bits,
+                     p_start, p_len, b_start, b_len, b_preds, g_start, g_len, g_bits, g_mask,
                      B, Q):
     """Fill Q (n, slot words) and, when B has n rows, B (n, bit words); return the number of
     tuples with Q != 0.
 
-    Column at a time: each predicate once over the batch (an OR of its atoms), each composite
-    bit the AND of its predicates (a one-predicate bit is its predicate's column), and slot s
-    the AND of the bits of its signature, i.e. (B & S_s) == S_s. Branch-free inner loops over
-    the batch: a row-at-a-time loop with early exits spent ~13x more per tuple on the 50-query
-    set (bench/bench_planner.py); packing B costs as much again, so it is optional."""
+    Column at a time, a chunk of rows (``CHUNK``) at a time: each predicate once over the
+    chunk (an OR of its atoms), each composite bit the AND of its predicates (a one-predicate
+    bit is its predicate's column), and the slots of signature g (``g_mask[g]``) where the
+    bits of g are all set, i.e. (B & S_s) == S_s for each such slot s. The queries sharing a
+    signature (most often one bit, or none) are set in one pass. Branch-free inner loops: a
+    row-at-a-time loop with early exits spent ~13x more per tuple on the 50-query set
+    (bench/bench_planner.py); packing B costs as much again, so it is optional. Copies and
+    fills are loops too: numba's slice assignment took as long as the rest of the kernel.
+    The backbone bench's 50 queries, per batch of 65,536: 1.55 ms before chunks, slices
+    and shared signatures, 0.5 ms after."""
     n = Q.shape[0]
+    words = Q.shape[1]
+    size = max(min(CHUNK, n), 1)
     n_pred = p_start.shape[0]
     n_bits = b_start.shape[0]
     n_comp = 0
     for b in range(n_bits):
         n_comp += b_len[b] > 1
-    M = np.zeros((n_pred + n_comp, n), dtype=np.bool_)
-    for p in range(n_pred):
-        for a in range(p_start[p], p_start[p] + p_len[p]):
-            _eval_atom_column(M[p], a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v,
-                              a_ip, set_vals)
+    M = np.empty((n_pred + n_comp, size), dtype=np.bool_)
+    tmp = np.empty(size, dtype=np.bool_)
+    word = np.empty(size, dtype=np.uint64)
+    any_q = np.empty(size, dtype=np.bool_)
     bit_row = np.empty(n_bits, dtype=np.int64)
-    c = n_pred
-    for b in range(n_bits):
-        if b_len[b] == 1:
-            bit_row[b] = b_preds[b_start[b]]
-            continue
-        row = M[c]
-        row[:] = M[b_preds[b_start[b]]]
-        for k in range(b_start[b] + 1, b_start[b] + b_len[b]):
-            other = M[b_preds[k]]
-            for i in range(n):
-                row[i] &= other[i]
-        bit_row[b] = c
-        c += 1
-    if B.shape[0] == n:
-        for b in range(n_bits):
-            set_bit_rows(B, b, M[bit_row[b]])
-    acc = np.empty(n, dtype=np.bool_)
-    for q in range(s_slot.shape[0]):
-        acc[:] = True
-        for k in range(s_start[q], s_start[q] + s_len[q]):
-            row = M[bit_row[s_bits[k]]]
-            for i in range(n):
-                acc[i] &= row[i]
-        set_bit_rows(Q, s_slot[q], acc)
     kept = 0
-    for i in range(n):
-        any_q = False
-        for w in range(Q.shape[1]):
-            any_q |= Q[i, w] != 0
-        kept += any_q
+    for lo in range(0, n, size):
+        m = min(size, n - lo)
+        for p in range(n_pred):
+            row = M[p]
+            for i in range(m):
+                row[i] = False
+            for a in range(p_start[p], p_start[p] + p_len[p]):
+                _eval_atom_column(row, m, lo, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op,
+                                  a_neg, a_v, a_ip, set_vals, tmp)
+        c = n_pred
+        for b in range(n_bits):
+            if b_len[b] == 1:
+                bit_row[b] = b_preds[b_start[b]]
+                continue
+            row = M[c]
+            first = M[b_preds[b_start[b]]]
+            for i in range(m):
+                row[i] = first[i]
+            for k in range(b_start[b] + 1, b_start[b] + b_len[b]):
+                other = M[b_preds[k]]
+                for i in range(m):
+                    row[i] &= other[i]
+            bit_row[b] = c
+            c += 1
+        if B.shape[0] == n:
+            for b in range(n_bits):
+                set_bit_rows(B[lo:lo + m], b, M[bit_row[b], :m])
+        out = word[:m]
+        seen = any_q[:m]
+        for i in range(m):
+            seen[i] = False
+        for w in range(words):
+            for i in range(m):
+                out[i] = 0
+            for g in range(g_start.shape[0]):
+                mask = g_mask[g, w]
+                if mask == 0:
+                    continue
+                if g_len[g] == 0:  # no bit: every tuple
+                    for i in range(m):
+                        out[i] |= mask
+                    continue
+                acc = M[bit_row[g_bits[g_start[g]]]]
+                if g_len[g] > 1:  # the AND of its bits
+                    for i in range(m):
+                        tmp[i] = acc[i]
+                    for k in range(g_start[g] + 1, g_start[g] + g_len[g]):
+                        row = M[bit_row[g_bits[k]]]
+                        for i in range(m):
+                            tmp[i] &= row[i]
+                    acc = tmp
+                for i in range(m):
+                    out[i] |= mask * np.uint64(acc[i])
+            for i in range(m):
+                Q[lo + i, w] = out[i]
+                seen[i] |= out[i] != 0
+        for i in range(m):
+            kept += seen[i]
     return kept
 
 
@@ -359,9 +434,7 @@ def run_prefilter(cp: CompiledPrefilter, tb: TupleBatch, asc: AscRuntime | None 
     ints, ip_hi, ip_lo, ip_ok = kernel_inputs(cp, tb)
     B = np.zeros((n if want_b else 0, n_words(len(cp.b_start))), dtype=np.uint64)
     Q = np.zeros((n, cp.q_words), dtype=np.uint64)
-    prefilter_kernel(ints, ip_hi, ip_lo, ip_ok, cp.a_col, cp.a_op, cp.a_neg, cp.a_v, cp.a_ip,
-                     cp.set_vals, cp.p_start, cp.p_len, cp.b_start, cp.b_len, cp.b_preds,
-                     cp.s_slot, cp.s_start, cp.s_len, cp.s_bits, B, Q)
+    prefilter_kernel(ints, ip_hi, ip_lo, ip_ok, *cp.kernel_arrays(), B, Q)
     if cp.ascs:
         if asc is None:
             asc = AscRuntime(cp, strategy="fixed")

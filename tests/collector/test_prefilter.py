@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from capture.pcap import open_capture
 from capture.unpack import unpack
 from collector.asc_runtime import AscRuntime
-from collector.prefilter import compile_prefilter, region_table, run_prefilter
+from collector.prefilter import CHUNK, compile_prefilter, region_table, run_prefilter
 from collector.residual import Residual, ValueCache
 from planner.asc import ASC
 from planner.plan import build_plan
@@ -180,6 +180,41 @@ def test_bit_vector_b_when_asked():
                                           for p in bit])
             got = (B[:, k >> 6] >> np.uint64(k & 63)) & np.uint64(1)
             assert np.array_equal(got.astype(bool), want)
+
+
+def test_a_batch_of_several_chunks_gets_what_each_tuple_gets_alone():
+    """The kernel evaluates a batch a chunk of rows at a time (``CHUNK``): a batch of two
+    chunks and a ragged tail gets, for every tuple, the WHERE clauses' truth (dpkt) and B's
+    bits. 70 queries (two mask words), among them queries that share a signature, a query
+    without one, an IN of more constants than the kernel compares one by one, and NOT IN."""
+    from collector.residual import eval_predicate
+    ports = [53, 80, 443, *range(1000, 1040, 2)]
+    tests = {w: t for w, t in ATOMS if not any(f in w for f in EXPENSIVE)}
+    tests[f"dst_port IN ({', '.join(map(str, ports))})"] = lambda p: p["dst_port"] in ports
+    tests[f"src_port NOT IN ({', '.join(map(str, ports))})"] = \
+        lambda p: p["src_port"] is not None and p["src_port"] not in ports
+    atoms = list(tests)
+    where = [(a,) for a in atoms] + list(zip(atoms, atoms[1:] + atoms[:1], strict=True)) + [()]
+    where += [("protocol = 17",)] * (70 - len(where))
+    plan = build_plan(parse_queries(";".join(
+        "SELECT ts FROM packets" + (f" WHERE {' AND '.join(w)}" if w else "") for w in where)),
+        asc_min_constants=None)
+    path = capture("wikipedia.pcap")
+    tb = unpack(next(iter(open_capture(path, batch_size=1 << 20))))
+    refs = packets(path)
+    rows = np.arange(2 * CHUNK + 37) % len(tb)  # the capture, again and again
+    big = tb.take(rows)
+    B, Q = run_prefilter(compile_prefilter(plan, "packets"), big, want_b=True)
+    assert Q.shape == (len(rows), 2)
+    for slot, w in enumerate(where):
+        want = np.array([all(tests[a](refs[i]) for a in w) for i in rows])
+        got = (Q[:, slot >> 6] >> np.uint64(slot & 63)) & np.uint64(1)
+        assert np.array_equal(got.astype(bool), want), f"query {slot}: {w}"
+    for k, bit in enumerate(plan.bits):
+        want = np.logical_and.reduce([eval_predicate(plan.predicates[p].predicate, big,
+                                                     np.arange(len(big))) for p in bit])
+        assert np.array_equal(((B[:, k >> 6] >> np.uint64(k & 63)) & np.uint64(1)).astype(bool),
+                              want)
 
 
 def test_shared_expensive_predicate_is_evaluated_once_per_tuple():

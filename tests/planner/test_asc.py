@@ -128,13 +128,20 @@ def test_regions_equal_reference_and_kernel_equals_simulation():
     for arrows in (None, hybrid_arrows(cp.ascs, cp.asc_qrb, R, Q0, macro)):
         rt = AscRuntime(cp, "fixed")
         rt.macro = np.array(macro)
-        if arrows is not None:
+        if arrows is not None:  # the kernel's general path (without, its in-sequence one)
+            assert (arrows >= 0).any()
             rt.arrows = arrows
         Q = Q0.copy()
         evals = rt.run(ints, ip_hi, ip_lo, ip_ok, Q)
         ev_ref, grb = simulate(cp.asc_qrb, R, Q0, macro, arrows, cp.asc_qub)
         assert np.array_equal(Q, grb)
         assert evals == int(ev_ref.sum())
+        # the dropping ratio's counts: the tuples holding a query an ASC decides, and those
+        # of them left with none
+        decided = np.bitwise_or.reduce(cp.asc_qub, axis=0)
+        reached = (Q0 & decided).any(axis=1)
+        assert rt.reached == reached.sum()
+        assert rt._p_dropped == (reached & ~(grb & decided).any(axis=1)).sum() > 0
 
 
 def test_dp_best_order_equals_brute_force_and_beats_or_ties_macro():
