@@ -215,7 +215,7 @@ class Engine:
                             r.profile_window, r.alpha, r.sweep_stage, self.value_cache,
                             budget=r.profile_budget)
         return _Compiled(plan, cp, runtime, residual,
-                         plan.unpacking(self.stream).fields, folders,
+                         plan.unpacking(self.stream).extract, folders,
                          {qp.slot: qp.query.name for qp in plan.queries
                           if qp.query.stream == self.stream},
                          tuple(sorted({k for qp in plan.queries if qp.query.stream == self.stream
@@ -273,7 +273,7 @@ class Engine:
                 return None
             plan = c.plan
         if self._unpacking[0] is not plan:
-            self._unpacking = (plan, plan.unpacking(self.stream).fields)
+            self._unpacking = (plan, plan.unpacking(self.stream).extract)
         want = self._unpacking[1]
         return Prepared(want, unpack(raw, want))
 

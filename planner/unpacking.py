@@ -28,14 +28,23 @@ class Unpacking:
 
     @property
     def fields(self) -> tuple[str, ...]:
-        """What the kernel extracts: the chosen groups' fields and the single fields."""
+        """What the cover decodes: the chosen groups' fields and the single fields."""
         members = group_fields(self.stream)
         out = {f for g in self.groups for f in members[g]} | set(self.singles)
         return tuple(f for f in fields(self.stream) if f in out)
 
+    @property
+    def extract(self) -> tuple[str, ...]:
+        """What the kernel writes: the needed fields. It decodes each layer the cover's groups
+        and fields lie in (a group's header is found once for all its fields), and a column
+        no query reads is not written: writing the groups' every field took the backbone
+        bench's 50 queries 0.26 s of unpacking over 6M packets instead of 0.18 s."""
+        return self.needed
+
     def to_json(self) -> dict:
         return {"needed": list(self.needed), "groups": list(self.groups),
                 "singles": list(self.singles), "fields": list(self.fields),
+                "extract": list(self.extract),
                 "cost": self.cost, "cost_singly": self.cost_singly, "cost_all": self.cost_all}
 
 

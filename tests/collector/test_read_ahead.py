@@ -91,7 +91,7 @@ def test_tuples_unpacked_for_another_plan_are_unpacked_again(tmp_path):
     not unpack: the engine unpacks the batch again, and spools what the inline path spools."""
     path = capture("wikipedia.pcap")
     first, then = build_plan(parse_queries(QUERIES)), build_plan(parse_queries(OTHER))
-    assert set(first.unpacking("packets").fields) != set(then.unpacking("packets").fields)
+    assert set(first.unpacking("packets").extract) != set(then.unpacking("packets").extract)
     out = {}
     for how in ("ahead", "inline"):
         e = Engine(Spool(tmp_path / how), "packets", Metrics(), watermark_delay_s=0)
@@ -116,7 +116,7 @@ def test_the_reader_unpacks_for_a_plan_set_but_not_yet_taken(tmp_path, monkeypat
     assert e.prepare(_batches(path)[0]) is None  # no plan yet: nothing to unpack for
     e.set_plan(plan)
     prepared = [e.prepare(raw) for raw in _batches(path)]
-    assert all(p is not None and p.fields == plan.unpacking("packets").fields for p in prepared)
+    assert all(p is not None and p.fields == plan.unpacking("packets").extract for p in prepared)
     used = []
     real = Engine.process_tuples
 
