@@ -177,6 +177,13 @@ def _node_tuples(Q, mask, start, sel):
     without a branch: most nodes take a minority of a batch, and a test per tuple
     mispredicted); returns ``m``."""
     m = 0
+    if Q.shape[1] == 1:  # one mask word: a flat loop (half the time of the general one)
+        q = Q.reshape(-1)
+        m0 = mask[0]
+        for i in range(start, q.shape[0]):
+            sel[m] = i
+            m += (q[i] & m0) != 0
+        return m
     for i in range(start, Q.shape[0]):
         hit = np.uint64(0)
         for w in range(Q.shape[1]):
