@@ -281,3 +281,23 @@ def test_address_regions_equal_the_reference_at_every_edge(constants, steps, dat
                     np.repeat(hi, cols, 0), np.repeat(lo, cols, 0), np.repeat(ok, cols, 0),
                     *cp.asc_arrays())
     assert R[:, k].tolist() == [asc.region_of(x) for x in addrs] + [asc.region_of(None)]
+
+
+@pytest.mark.parametrize("hosts", [4, 9])
+def test_address_regions_of_a_crowded_16_equal_the_reference(hosts):
+    """IPv4 addresses whose /16 holds few constants (at most 4: counted in fixed steps) and
+    many (a search), around every constant, equal ``ASC.region_of``."""
+    sql = [f"SELECT ts FROM packets WHERE src_ip = '10.1.{k}.{3 * k}'" for k in range(hosts)]
+    sql += ["SELECT ts FROM packets WHERE in_prefix(src_ip, '10.2.16.0/20')",
+            "SELECT ts FROM packets WHERE src_ip = '2001:db8::1'"]
+    plan = build_plan(parse_queries(";".join(sql)), asc_min_constants=ASC_ALL)
+    cp = compile_prefilter(plan, "packets")
+    (k, asc), = [(k, a) for k, a in enumerate(cp.ascs) if a.attribute == "src_ip"]
+    addrs = sorted({c + d for c in asc.constants for d in (-2, -1, 0, 1, 2)})
+    hi = np.array([[x >> 64 for x in addrs]], np.uint64)
+    lo = np.array([[x & (2**64 - 1) for x in addrs]], np.uint64)
+    cols = len(cp.ip_cols)
+    R = asc_regions(np.arange(len(addrs)), np.zeros((len(cp.int_cols), len(addrs)), np.int64),
+                    np.repeat(hi, cols, 0), np.repeat(lo, cols, 0),
+                    np.ones((cols, len(addrs)), np.bool_), *cp.asc_arrays())
+    assert R[:, k].tolist() == [asc.region_of(x) for x in addrs]
