@@ -69,7 +69,14 @@ def measured_plan(capture, queries: list[Query], plan: Plan, spool: Spool, setti
     sizes). Input errors are left to the real pass, which reports them."""
     selectivity, samples = measure(capture, plan, spool, settings, flow_ports)
     return build_plan(queries, selectivity=selectivity, samples=samples,
-                      **settings.plan_options())
+                      **replay_plan_options(settings))
+
+
+def replay_plan_options(settings: Settings) -> dict:
+    """The daemon's plan options without OM's charts: a finite input runs no OM (the engine's
+    ``finite``), so charting its nodes would be planning thrown away (the backbone bench's 50
+    queries: 8 charts, built twice)."""
+    return {**settings.plan_options(), "charts": None}
 
 
 def measure(capture, plan: Plan, spool: Spool, settings: Settings,
@@ -259,7 +266,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     spool = MemorySpool(*spool_args, **spool_kw,
                         limit=min(PRUNE_MEMORY_BYTES, settings.spool.max_bytes)) \
         if settings.replay_prune else Spool(*spool_args, **spool_kw)
-    plan = build_plan(queries, **settings.plan_options())
+    plan = build_plan(queries, **replay_plan_options(settings))
     only = {m for qp in plan.queries for m in qp.query.measures}  # what Spark merges
     sketches = any(qp.query.approx for qp in plan.queries)
     # the pruning makes a distinct count's rows value sets (results.value_sets)
