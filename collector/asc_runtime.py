@@ -95,7 +95,10 @@ def asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, asc
     """AND each tuple's query mask with one region's qrb per ASC, in the (macro or hybrid)
     sequence; a tuple leaves as soon as its mask is 0 or no unevaluated ASC decides a query
     still set. Evaluated in rounds over selection vectors: the live tuples are grouped by
-    the ASC they visit next, so every inner loop runs one ASC over many tuples.
+    the ASC they visit next, so every inner loop runs one ASC over many tuples. Without
+    micro-arrows (the macro strategy, and the hybrid one when no region gains by an arrow)
+    every live tuple visits the macro-sequence's next ASC: a round is that ASC over the live
+    tuples, without the sort (bench/README.md, the Spark section's ninth run).
 
     rest_qub[d]: the queries decided by the ASCs outside the evaluated set d (a bitmask);
     first_undone[d]: the first ASC of the macro-sequence outside d. Adds to ``stats`` the
