@@ -17,7 +17,7 @@ from capture.unpack import TupleBatch
 from collector.asc_runtime import AscRuntime
 from planner.asc import ASC, qrb_words, qub_words
 from planner.plan import Plan
-from planner.slots import n_words, set_bit_rows
+from planner.slots import n_words, set_bit_rows, slot_mask
 
 OPS = {"=": 0, "!=": 1, "<": 2, "<=": 3, ">": 4, ">=": 5, "in": 6, "between": 7, "prefix": 8,
        "mask": 9}
@@ -42,10 +42,6 @@ class CompiledPrefilter:
     b_start: np.ndarray  # int32 per bit: first entry in b_preds
     b_len: np.ndarray
     b_preds: np.ndarray  # int32 local predicate indices
-    s_slot: np.ndarray  # int64 per query of this stream: its slot
-    s_start: np.ndarray  # int64: first entry of its signature in s_bits
-    s_len: np.ndarray
-    s_bits: np.ndarray  # int64 local bit ids
     g_start: np.ndarray  # int64 per distinct signature: first entry of its bits in g_bits
     g_len: np.ndarray  # int64
     g_bits: np.ndarray  # int64 local bit ids
@@ -105,20 +101,16 @@ def v4_buckets(constants: list[int]) -> np.ndarray:
     return np.searchsorted(c, np.arange(65_537, dtype=np.int64) << 16).astype(np.int32)
 
 
-def signature_masks(s_slot: list[int], s_start: list[int], s_len: list[int], s_bits: list[int],
-                    words: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The distinct signatures of the slots (their bits, fewest first) and the mask of the
-    slots of each: (g_start, g_len, g_bits, g_mask)."""
-    masks: dict[tuple[int, ...], np.ndarray] = {}
-    for slot, start, length in zip(s_slot, s_start, s_len, strict=True):
-        sig = tuple(sorted(set(s_bits[start:start + length])))
-        mask = masks.setdefault(sig, np.zeros(words, np.uint64))
-        mask[slot >> 6] |= np.uint64(1) << np.uint64(slot & 63)
-    sigs = sorted(masks, key=lambda g: (len(g), g))
+def signature_masks(by_signature: dict[tuple[int, ...], list[int]], words: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each distinct signature (its local bits, fewest first) and the mask of its slots:
+    (g_start, g_len, g_bits, g_mask)."""
+    sigs = sorted(by_signature, key=lambda g: (len(g), g))
     g_len = np.array([len(g) for g in sigs], np.int64)
     g_start = np.concatenate([[0], np.cumsum(g_len)[:-1]]).astype(np.int64)
     g_bits = np.array([b for g in sigs for b in g], np.int64)
-    g_mask = np.array([masks[g] for g in sigs], np.uint64).reshape(len(sigs), words)
+    g_mask = np.array([slot_mask(by_signature[g], words) for g in sigs],
+                      np.uint64).reshape(len(sigs), words)
     return g_start, g_len, g_bits, g_mask
 
 
@@ -200,24 +192,19 @@ def compile_prefilter(plan: Plan, stream: str) -> CompiledPrefilter:
             buckets.append(v4_buckets(a.constants))
     b_table = np.concatenate(buckets) if buckets else np.zeros(0, np.int32)
     n_slots = max([qp.slot for qp in plan.queries] + [-1]) + 1
-    s_slot, s_start, s_len, s_bits = [], [], [], []
+    by_signature: dict[tuple[int, ...], list[int]] = {}  # a signature's slots
     for qp in plan.queries:
-        if qp.query.stream != stream:
-            continue
-        s_slot.append(qp.slot)
-        s_start.append(len(s_bits))
-        s_len.append(len(qp.signature))
-        s_bits.extend(local_bit[b] for b in qp.signature)
-    g_start, g_len, g_bits, g_mask = signature_masks(s_slot, s_start, s_len, s_bits,
-                                                     n_words(n_slots))
+        if qp.query.stream == stream:
+            sig = tuple(sorted({local_bit[b] for b in qp.signature}))
+            by_signature.setdefault(sig, []).append(qp.slot)
+    g_start, g_len, g_bits, g_mask = signature_masks(by_signature, n_words(n_slots))
     return CompiledPrefilter(
         stream, plan.version, int_cols, ip_cols,
         np.array(a_col, np.int32), np.array(a_op, np.int32), np.array(a_neg, np.bool_),
         np.array(a_v, np.int64).reshape(-1, 2), np.array(a_ip, np.uint64).reshape(-1, 4),
         np.array(set_vals, np.int64), np.array(p_start, np.int32), np.array(p_len, np.int32),
         np.array(b_start, np.int32), np.array(b_len, np.int32), np.array(b_preds, np.int32),
-        np.array(s_slot, np.int64), np.array(s_start, np.int64),
-        np.array(s_len, np.int64), np.array(s_bits, np.int64), g_start, g_len, g_bits, g_mask,
+        g_start, g_len, g_bits, g_mask,
         pred_ids, n_slots, ascs,
         np.array(asc_is_ip, np.bool_),
         np.array(asc_col, np.int32), np.array(asc_cstart, np.int32),
