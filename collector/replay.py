@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from capture.errors import DecodeError
 from capture.netflow import DEFAULT_FLOW_PORTS, Decoder, capture_flows
@@ -26,7 +28,7 @@ from collector.results import Resolve, node_runs, prune_rows
 from collector.sampling import TupleSampler
 from collector.selectivity import SelectivityMeter
 from collector.sources import ahead
-from collector.spool import MemorySpool, Spool, list_files, read_spool_file
+from collector.spool import SUFFIXES, TS_US, MemorySpool, Spool, list_files, read_spool_file
 from planner.plan import Plan, build_plan
 from planner.query import Query
 
@@ -37,10 +39,13 @@ from planner.query import Query
 # this many
 AUTO_WORKERS = 4
 MIN_RANGE_BYTES = 64 << 20  # ... each reading at least this much of the file
-# a folder's spool files larger than this are merged whole: pruning reads them into the driver,
-# 20-30 times their size (the LFTA off, 14M rows of 270 MB: 7.8 GiB peak); the attack bench's
-# 1.4M rows are 27 MB
-PRUNE_MAX_BYTES = 64 << 20
+# pruning reads a folder's rows a run of windows at a time (every answer is per window), at
+# most this many Arrow bytes of them (all the rows kept in memory fit in one)...
+PRUNE_CHUNK_BYTES = 512 << 20
+# ... and a window whose rows are more than this is merged whole: pruning takes 3-4 times its
+# rows' bytes (the LFTA off, 14M rows of one window: 7.8 GiB peak)
+PRUNE_MAX_BYTES = 1 << 30
+PARQUET_ARROW = 3  # Arrow bytes of a spool file's rows per byte Parquet encodes them in
 # the partial rows replay's own reading keeps in memory for pruning, in Arrow bytes (the attack
 # bench's 1.4M rows: 250 MiB); past it they go to files
 PRUNE_MEMORY_BYTES = 512 << 20
@@ -211,25 +216,91 @@ def prune_spool(spool: Spool, stream: str, folder: str, resolve: Resolve,
                 kept: list[pa.Table] = ()) -> int:
     """Rewrite an aggregate folder of a finished input (every writer done, every window
     closed) without the partial rows no answer needs, each row kept with the query bits of
-    the queries that need it (``results.prune_rows``): Spark then merges one file of the rows
-    that matter. ``kept``: the folder's partial rows a ``MemorySpool`` kept in memory, with
-    its files. A folder whose files hold more than ``PRUNE_MAX_BYTES`` is written whole.
-    Returns the rows left out."""
+    the queries that need it (``results.prune_rows``): Spark then merges the rows that
+    matter. ``kept``: the folder's partial rows a ``MemorySpool`` kept in memory, with its
+    files. The rows are pruned a run of windows at a time (``window_chunks``), so a capture
+    whose rows outgrow memory prunes in bounded memory too; a window of more than
+    ``PRUNE_MAX_BYTES`` is written whole. Returns the rows left out."""
     files = list_files(spool.root / stream / folder)
-    if sum(f.stat().st_size for f in files) > PRUNE_MAX_BYTES:
-        for t in kept:
-            spool.write(stream, folder, t, "force")
-        return 0
-    rows, runs = node_runs([*kept, *(read_spool_file(f) for f in files)])
-    if not rows.num_rows:
-        return 0
-    forced = np.zeros(rows.num_rows, bool)  # punctuation stays
-    forced[slice(*runs.get("", (0, 0)))] = True
-    out = prune_rows(stream, rows, resolve, forced, runs)
-    spool.write(stream, folder, out, "force")
+    sources = [*kept, *files]
+    windows = [_windows(x) for x in sources]
+    left_out = 0
+    for lo, hi, size in window_chunks(windows, PRUNE_CHUNK_BYTES):
+        parts = [x if w[0].min() >= lo and w[0].max() <= hi
+                 else _window_rows(x, lo, hi) for x, w in zip(sources, windows, strict=True)
+                 if len(w[0]) and w[0].max() >= lo and w[0].min() <= hi]
+        parts = [read_spool_file(x) if isinstance(x, Path) else x for x in parts]
+        if size > PRUNE_MAX_BYTES:
+            for t in parts:
+                spool.write(stream, folder, t, "force")
+            continue
+        rows, runs = node_runs(parts)
+        if not rows.num_rows:
+            continue
+        forced = np.zeros(rows.num_rows, bool)  # punctuation stays
+        forced[slice(*runs.get("", (0, 0)))] = True
+        out = prune_rows(stream, rows, resolve, forced, runs)
+        spool.write(stream, folder, out, "force")
+        left_out += rows.num_rows - out.num_rows
     for f in files:
         f.unlink()
-    return rows.num_rows - out.num_rows
+    return left_out
+
+
+def _windows(source: pa.Table | Path) -> tuple[np.ndarray, np.ndarray]:
+    """A folder's rows (a table, or a spool file) per window: the window starts (µs, in
+    order) and the Arrow bytes of their rows."""
+    if isinstance(source, Path):
+        if source.suffix == SUFFIXES["parquet"]:
+            meta = pq.read_metadata(source)
+            # its columns' encoded bytes: about a third of them in Arrow (2.7 on the telemetry
+            # bench's rows; dictionaries and run lengths)
+            nbytes = PARQUET_ARROW * sum(meta.row_group(i).total_byte_size
+                                         for i in range(meta.num_row_groups))
+            ws = pq.read_table(source, columns=["window_start"]).column("window_start")
+        else:
+            t = read_spool_file(source)
+            nbytes, ws = t.nbytes, t.column("window_start")
+    else:
+        nbytes, ws = source.nbytes, source.column("window_start")
+    starts = pc.cast(ws, pa.int64()).to_numpy(zero_copy_only=False)
+    if not len(starts):
+        return starts, starts
+    values, counts = np.unique(starts, return_counts=True)
+    return values, counts * (nbytes / len(starts))
+
+
+def window_chunks(windows: list[tuple[np.ndarray, np.ndarray]], max_bytes: float
+                  ) -> list[tuple[int, int, float]]:
+    """Runs of consecutive windows (first, last window start, their rows' bytes) of at most
+    ``max_bytes`` each, but at least one window, over every source's ``_windows``."""
+    if not windows:
+        return []
+    starts = np.concatenate([w for w, _ in windows])
+    if not len(starts):
+        return []
+    values, at = np.unique(starts, return_inverse=True)
+    size = np.bincount(at, weights=np.concatenate([b for _, b in windows]),
+                       minlength=len(values))
+    out: list[tuple[int, int, float]] = []
+    first, total = 0, 0.0
+    for i, b in enumerate(size.tolist()):
+        if i > first and total + b > max_bytes:
+            out.append((int(values[first]), int(values[i - 1]), total))
+            first, total = i, 0.0
+        total += b
+    out.append((int(values[first]), int(values[-1]), total))
+    return out
+
+
+def _window_rows(source: pa.Table | Path, lo: int, hi: int) -> pa.Table:
+    """A source's rows of the windows ``lo`` to ``hi`` (µs)."""
+    if isinstance(source, Path) and source.suffix == SUFFIXES["parquet"]:
+        return pq.read_table(source, filters=[("window_start", ">=", pa.scalar(lo, TS_US)),
+                                              ("window_start", "<=", pa.scalar(hi, TS_US))])
+    t = read_spool_file(source) if isinstance(source, Path) else source
+    ws = pc.cast(t.column("window_start"), pa.int64())
+    return t.filter(pc.and_(pc.greater_equal(ws, lo), pc.less_equal(ws, hi)))
 
 
 def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.PathLike,

@@ -242,15 +242,23 @@ def test_a_distinct_count_s_rows_become_value_sets_that_spark_merges(case, spark
 def test_replay_leaves_out_rows_and_answers_the_same(spark, tmp_path, monkeypatch):
     """Through replay and Spark: the same answers with and without leaving rows out, and the
     rows left out counted; also when the rows kept in memory outgrow their bound (they go to
-    files and are pruned from there) and when the files outgrow theirs (merged whole)."""
+    files and are pruned from there), when the rows are pruned a window at a time (from
+    memory, from files) and when a window outgrows its bound (merged whole)."""
     import collector.replay as replay_module
 
-    got, pruned, spooled_rows, files = {}, {}, {}, {}
-    cases = {"off": (False, 512 << 20, 64 << 20), "memory": (True, 512 << 20, 64 << 20),
-             "files": (True, 1, 64 << 20), "whole": (True, 1, 0)}
-    for case, (prune, memory_bytes, file_bytes) in cases.items():
+    got, pruned, spooled_rows, files, chunks = {}, {}, {}, {}, {}
+    window_chunks = replay_module.window_chunks
+    big = 512 << 20
+    cases = {"off": (False, big, big, big), "memory": (True, big, big, big),
+             "files": (True, 1, big, big), "windows": (True, big, 1, big),
+             "file_windows": (True, 1, 1, big), "whole": (True, 1, big, 0)}
+    for case, (prune, memory_bytes, chunk_bytes, window_bytes) in cases.items():
         monkeypatch.setattr(replay_module, "PRUNE_MEMORY_BYTES", memory_bytes)
-        monkeypatch.setattr(replay_module, "PRUNE_MAX_BYTES", file_bytes)
+        monkeypatch.setattr(replay_module, "PRUNE_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(replay_module, "PRUNE_MAX_BYTES", window_bytes)
+        chunks[case] = []
+        monkeypatch.setattr(replay_module, "window_chunks", lambda w, b, case=case: (
+            chunks[case].extend(cut := window_chunks(w, b)) or cut))
         m = Metrics()
         res = replay(capture("var-services-std-ports.pcap"), parse_queries(QUERIES),
                      tmp_path / case, spark, metrics=m,
@@ -266,6 +274,19 @@ def test_replay_leaves_out_rows_and_answers_the_same(spark, tmp_path, monkeypatc
         assert got[case] == got["off"], case
     assert got["off"]["asym"] and got["off"]["half_open"]
     assert 0 < pruned["memory"] == pruned["files"] < spooled_rows["memory"]
+    assert pruned["windows"] == pruned["file_windows"] == pruned["memory"]
+    assert len(chunks["memory"]) == 1 < len(chunks["windows"]) == len(chunks["file_windows"])
     assert pruned["off"] == pruned["whole"] == 0
     assert len(set(spooled_rows.values())) == 1, "every case spools the same rows"
     assert files["memory"] < files["off"], "a batch kept in memory is no file"
+
+
+def test_window_chunks_are_runs_of_whole_windows_within_their_bytes():
+    """Hand-worked: windows 0, 60, 120 and 180 hold 10, 5 + 10, 10 and 40 bytes over two
+    sources; runs of at most 25 bytes, a window too large for any run alone."""
+    from collector.replay import window_chunks
+    a = (np.array([0, 60, 120]), np.array([10.0, 10.0, 10.0]))
+    b = (np.array([60, 180]), np.array([5.0, 40.0]))
+    assert window_chunks([a, b], 25) == [(0, 60, 25.0), (120, 120, 10.0), (180, 180, 40.0)]
+    assert window_chunks([a, b], 1000) == [(0, 180, 75.0)]
+    assert window_chunks([], 25) == window_chunks([(np.array([]), np.array([]))], 25) == []
