@@ -348,9 +348,10 @@ class Settings(BaseSettings):
     replay_prune: bool = Field(
         True, description="flowsieve replay: before Spark merges a finite capture's partials, "
         "leave out the rows no answer needs (groups a HAVING or an ORDER BY … LIMIT drops, "
-        "with their joins' partners); the answers are the same. A folder whose spool files "
-        "hold more than 64 MiB (the LFTA off) is merged whole; replay's own reading keeps "
-        "its rows in memory for this (up to 512 MiB or spool.max_bytes)")
+        "with their joins' partners); the answers are the same. Replay's own reading keeps "
+        "its rows in memory for this (up to 512 MiB or spool.max_bytes, then spool files), "
+        "and prunes them a run of windows at a time; a window of more than 1 GiB of rows, "
+        "or with the LFTA off a folder of more than 64 MiB of spool files, is merged whole")
     sources: list[SourceConfig] = Field(default_factory=lambda: [SourceConfig()])
     initial_queries: str | None = Field(
         default_factory=lambda: data_file("example.sql"),

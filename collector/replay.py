@@ -42,9 +42,14 @@ MIN_RANGE_BYTES = 64 << 20  # ... each reading at least this much of the file
 # pruning reads a folder's rows a run of windows at a time (every answer is per window), at
 # most this many Arrow bytes of them (all the rows kept in memory fit in one)...
 PRUNE_CHUNK_BYTES = 512 << 20
-# ... and a window whose rows are more than this is merged whole: pruning takes 3-4 times its
-# rows' bytes (the LFTA off, 14M rows of one window: 7.8 GiB peak)
+# ... and a window whose rows are more than this is merged whole (pruning takes a few times
+# its rows' bytes)
 PRUNE_MAX_BYTES = 1 << 30
+# with the LFTA off (a row per tuple and node) a folder whose spool files hold more than this
+# is merged whole: pruning there left out little and cost more than it saved (bench_spark's
+# per_tuple mode, 50 queries: 14M rows, 12.8M of them needed, 25.6 s of pruning and 11 GiB
+# against Spark's 8.4 s and 1.4 GiB)
+PRUNE_PER_TUPLE_FILE_BYTES = 64 << 20
 PARQUET_ARROW = 3  # Arrow bytes of a spool file's rows per byte Parquet encodes them in
 # the partial rows replay's own reading keeps in memory for pruning, in Arrow bytes (the attack
 # bench's 1.4M rows: 250 MiB); past it they go to files
@@ -213,15 +218,21 @@ def _warm_up(spark, streams: list[str], only: set[str], sketches: bool,
 
 
 def prune_spool(spool: Spool, stream: str, folder: str, resolve: Resolve,
-                kept: list[pa.Table] = ()) -> int:
+                kept: list[pa.Table] = (), per_tuple: bool = False) -> int:
     """Rewrite an aggregate folder of a finished input (every writer done, every window
     closed) without the partial rows no answer needs, each row kept with the query bits of
     the queries that need it (``results.prune_rows``): Spark then merges the rows that
     matter. ``kept``: the folder's partial rows a ``MemorySpool`` kept in memory, with its
     files. The rows are pruned a run of windows at a time (``window_chunks``), so a capture
     whose rows outgrow memory prunes in bounded memory too; a window of more than
-    ``PRUNE_MAX_BYTES`` is written whole. Returns the rows left out."""
+    ``PRUNE_MAX_BYTES`` is written whole, and so is the folder of rows ``per_tuple`` (the
+    LFTA off) whose files hold more than ``PRUNE_PER_TUPLE_FILE_BYTES``. Returns the rows
+    left out."""
     files = list_files(spool.root / stream / folder)
+    if per_tuple and sum(f.stat().st_size for f in files) > PRUNE_PER_TUPLE_FILE_BYTES:
+        for t in kept:
+            spool.write(stream, folder, t, "force")
+        return 0
     sources = [*kept, *files]
     windows = [_windows(x) for x in sources]
     left_out = 0
@@ -386,7 +397,8 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
         for s, f in dict.fromkeys([*folders, *kept]):  # the plan's, and any rows kept
             if f != "select":
                 metrics.spool_pruned.labels(s, f).inc(
-                    prune_spool(spool, s, f, resolve, kept.get((s, f), [])))
+                    prune_spool(spool, s, f, resolve, kept.get((s, f), []),
+                                per_tuple=not settings.lfta.enabled))
         timings["prune_s"] = time.perf_counter() - t0
     report("Spark: merging partial aggregates", None)
     t0 = time.perf_counter()

@@ -243,7 +243,8 @@ def test_replay_leaves_out_rows_and_answers_the_same(spark, tmp_path, monkeypatc
     """Through replay and Spark: the same answers with and without leaving rows out, and the
     rows left out counted; also when the rows kept in memory outgrow their bound (they go to
     files and are pruned from there), when the rows are pruned a window at a time (from
-    memory, from files) and when a window outgrows its bound (merged whole)."""
+    memory, from files) and when a window outgrows its bound (merged whole), or with the
+    LFTA off, the files theirs (merged whole)."""
     import collector.replay as replay_module
 
     got, pruned, spooled_rows, files, chunks = {}, {}, {}, {}, {}
@@ -251,8 +252,11 @@ def test_replay_leaves_out_rows_and_answers_the_same(spark, tmp_path, monkeypatc
     big = 512 << 20
     cases = {"off": (False, big, big, big), "memory": (True, big, big, big),
              "files": (True, 1, big, big), "windows": (True, big, 1, big),
-             "file_windows": (True, 1, 1, big), "whole": (True, 1, big, 0)}
+             "file_windows": (True, 1, 1, big), "whole": (True, 1, big, 0),
+             "per_tuple": (True, 1, big, big), "per_tuple_whole": (True, 1, big, big)}
     for case, (prune, memory_bytes, chunk_bytes, window_bytes) in cases.items():
+        monkeypatch.setattr(replay_module, "PRUNE_PER_TUPLE_FILE_BYTES",
+                            0 if case == "per_tuple_whole" else big)
         monkeypatch.setattr(replay_module, "PRUNE_MEMORY_BYTES", memory_bytes)
         monkeypatch.setattr(replay_module, "PRUNE_CHUNK_BYTES", chunk_bytes)
         monkeypatch.setattr(replay_module, "PRUNE_MAX_BYTES", window_bytes)
@@ -262,7 +266,8 @@ def test_replay_leaves_out_rows_and_answers_the_same(spark, tmp_path, monkeypatc
         m = Metrics()
         res = replay(capture("var-services-std-ports.pcap"), parse_queries(QUERIES),
                      tmp_path / case, spark, metrics=m,
-                     settings=Settings(initial_queries=None, replay_prune=prune))
+                     settings=Settings(initial_queries=None, replay_prune=prune,
+                                       lfta={"enabled": not case.startswith("per_tuple")}))
         assert res.error is None
         got[case] = {q.name: sorted(map(repr, rows_of(q, t))) for q, t in res.answers}
         for q, t in res.answers:  # replay's answers are those it wrote
@@ -276,8 +281,10 @@ def test_replay_leaves_out_rows_and_answers_the_same(spark, tmp_path, monkeypatc
     assert 0 < pruned["memory"] == pruned["files"] < spooled_rows["memory"]
     assert pruned["windows"] == pruned["file_windows"] == pruned["memory"]
     assert len(chunks["memory"]) == 1 < len(chunks["windows"]) == len(chunks["file_windows"])
-    assert pruned["off"] == pruned["whole"] == 0
-    assert len(set(spooled_rows.values())) == 1, "every case spools the same rows"
+    assert pruned["off"] == pruned["whole"] == pruned["per_tuple_whole"] == 0
+    assert pruned["per_tuple"] > pruned["memory"], "a row per tuple: more rows left out"
+    assert len({v for k, v in spooled_rows.items() if not k.startswith("per_tuple")}) == 1, \
+        "every case with the LFTA spools the same rows"
     assert files["memory"] < files["off"], "a batch kept in memory is no file"
 
 
