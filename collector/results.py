@@ -4,6 +4,7 @@ ORDER BY … LIMIT per window), their Parquet folders, and the output formats of
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import operator
 import os
@@ -416,6 +417,17 @@ def _compute(node: exp.Expression, table: pa.Table):
     raise ValueError(f"cannot compute {node.sql()}")
 
 
+def _conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
+    """A WHERE's AND-ed conditions (its parentheses around an AND opened)."""
+    if node is None:
+        return []
+    if isinstance(node, exp.Paren):
+        return _conjuncts(node.this) if isinstance(node.this, exp.And) else [node]
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    return [node]
+
+
 def _output_type(query: Query, o) -> pa.DataType:
     """The Arrow type ``finalize`` gives an output column."""
     if o.kind == "bucket" or o.func in ("count", "count_distinct", "approx_distinct"):
@@ -445,6 +457,20 @@ def join_answer(query: Query, answers: dict[str, pa.Table], ties: bool = False) 
                          "window_start": pa.array([], TS_US)})
     left = left.rename_columns([f"{j.left}.{c}" for c in left.column_names])
     lkeys = [f"{j.left}.window_start"] + [f"{j.left}.{a}" for a, _ in j.on]
+    # the WHERE's conjuncts on one side's columns filter that side before the join (the
+    # right's only in an inner join: in a LEFT JOIN its rows decide which left rows meet NULL)
+    rest = []
+    for cond in _conjuncts(j.where):
+        side = {c.table for c in cond.find_all(exp.Column)}
+        if side == {j.left} and left.num_rows:
+            left = left.filter(pc.fill_null(_compute(cond, left), False))
+        elif side == {j.right} and j.how == "inner" and right is not None and right.num_rows:
+            r = right.rename_columns([f"{j.right}.{c}" for c in right.column_names])
+            right = right.filter(pc.fill_null(_compute(cond, r), False))
+        else:
+            rest.append(cond)
+    where = functools.reduce(lambda a, b: exp.And(this=a, expression=b), rest) if rest \
+        else None
     if right is None:  # LEFT JOIN a window the right part has no row of: NULLs
         part = j.part(j.right)
         joined = left
@@ -460,8 +486,8 @@ def join_answer(query: Query, answers: dict[str, pa.Table], ties: bool = False) 
         joined = left.join(right, keys=lkeys, right_keys=rkeys, coalesce_keys=False,
                            join_type="left outer" if j.how == "left" else "inner",
                            use_threads=False)
-    if j.where is not None and joined.num_rows:
-        joined = joined.filter(pc.fill_null(_compute(j.where, joined), False))
+    if where is not None and joined.num_rows:
+        joined = joined.filter(pc.fill_null(_compute(where, joined), False))
     cols = {}
     for name, node in j.select:
         v = _compute(node, joined)
@@ -608,14 +634,15 @@ def needed_rows(stream: str, rows: pa.Table, resolve: Resolve,
                 take_groups(j.part(alias).name, out.column(f"{alias}.{GID}"))
         left, right = j.part(j.left).name, j.part(j.right).name
         if j.how == "left" and left in got and right in got:
+            # the right groups that meet a left group Spark sees: those left groups only
+            # joined, without the WHERE
             every = replace(jq, join=replace(j, where=None), order=(), limit=None)
-            pairs = join_answer(every, got)
-            lg = pairs.column(f"{j.left}.{GID}").to_numpy(zero_copy_only=False)
-            rg = pc.fill_null(pairs.column(f"{j.right}.{GID}"), -1).to_numpy(
-                zero_copy_only=False)
-            sel = np.zeros(groups[slot_of[right]][2], bool)
-            sel[rg[present(slot_of[left])[lg] & (rg >= 0)]] = True
-            take(slot_of[right], sel)
+            seen = present(slot_of[left])
+            lt = got[left]
+            lt = lt.filter(pa.array(seen[lt.column(GID).to_numpy(zero_copy_only=False)]))
+            if lt.num_rows:
+                pairs = join_answer(every, {left: lt, right: got[right]})
+                take_groups(right, pairs.column(f"{j.right}.{GID}"))
     return need
 
 

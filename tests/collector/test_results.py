@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -114,6 +115,30 @@ def test_join_windows_where_one_side_is_empty():
     assert rows(left, {"j.a": a, "j.b": b.slice(0, 0)}) == rows(left, {"j.a": a})
     assert rows(inner, {"j.a": a}) == []
     assert rows(left, {"j.b": b}) == [] and rows(inner, {}) == []
+
+
+@pytest.mark.parametrize(("how", "where", "want"), [
+    ("LEFT", "a.n >= 2 AND b.m > 60", [(1, "10.0.0.1", 2, 60.5)]),
+    ("", "a.n >= 2 AND b.m > 60", [(1, "10.0.0.1", 2, 60.5)]),
+    ("LEFT", "a.n >= 2 AND b.m > 61", []),
+    # a condition on the right part of a LEFT JOIN holds after the join: the left row whose
+    # partner fails it is dropped, not joined to NULL
+    ("LEFT", "a.n >= 2 AND coalesce(b.m, 0) < 60", [(1, "10.0.0.2", 3, None)]),
+    ("", "a.n >= 2 AND coalesce(b.m, 0) < 60", []),
+    ("LEFT", "(a.n >= 2 AND a.n < 5) AND a.n - coalesce(b.n, 0) > 0", [(1, "10.0.0.2", 3, None)]),
+    ("LEFT", "a.n >= 5 OR b.m > 60", [(1, "10.0.0.1", 2, 60.5)]),
+])
+def test_a_join_s_where_holds_whichever_side_its_conditions_read(how, where, want):
+    """Hand-worked: the WHERE's conditions on one part filter it before the join (the right
+    part's only in an inner join); the answer is the WHERE over the joined rows."""
+    from collector.results import join_answer
+    q = parse_single(JOIN.format(how=how).replace("WHERE a.n >= 2", f"WHERE {where}"), "j")
+    a = _part([1, 1, 2], ["10.0.0.1", "10.0.0.2", "10.0.0.1"], [5, 3, 1])
+    a = a.rename_columns(["t", "dst_ip", "n", "window_start"])
+    b = _part([1], ["10.0.0.1"], [3], m=pa.array([60.5]))
+    b = b.rename_columns(["t", "src_ip", "n", "m", "window_start"])
+    got = join_answer(q, {"j.a": a, "j.b": b})
+    assert [(r["t"], r["host"], r["d"], r["m"]) for r in got.to_pylist()] == want
 
 
 def _draw_rows(draw, n: int) -> list[dict]:
