@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import math
 import operator
 import os
 import shutil
@@ -508,8 +509,12 @@ def merge_to_keys(query: Query, rows: pa.Table) -> pa.Table:
     return group_rows(query, rows)[0] if rows.num_rows else rows
 
 
-def group_rows(query: Query, rows: pa.Table) -> tuple[pa.Table, np.ndarray]:
-    """``merge_to_keys``, and each row's group (its row in the merged rows)."""
+def group_rows(query: Query, rows: pa.Table, bounded: bool = False
+               ) -> tuple[pa.Table, np.ndarray]:
+    """``merge_to_keys``, and each row's group (its row in the merged rows). ``bounded``: a
+    group whose rows are fewer than a HAVING on its ``count(DISTINCT f)`` requires (it
+    cannot have more values than rows) fails the HAVING without its values counted; it gets
+    its row count, which fails it too (``needed_rows``: the groups of an answer only)."""
     keys = ["window_start", *query.keys]
     gid, first = group_ids(key_words([rows.column(k) for k in keys], rows.num_rows))
     groups = len(first)
@@ -523,23 +528,45 @@ def group_rows(query: Query, rows: pa.Table) -> tuple[pa.Table, np.ndarray]:
                                                      groups, a)
     # count(DISTINCT f): the rows come from a node that also groups by f (one row per value and
     # query-bit pattern), so the count is the number of distinct values of f (NULL not counted)
+    least = _least_distinct(query) if bounded else {}
     for f in query.distinct:
         col = rows.column(f)
-        pairs = key_words([gid, col], rows.num_rows)
+        at = None  # the rows whose values are counted (None: all)
+        if f in least:
+            per = np.bincount(gid, minlength=groups)
+            at = np.flatnonzero(per[gid] >= least[f])
         if col.null_count:  # NULL is not a value
-            valid = np.flatnonzero(col.is_valid().to_numpy(zero_copy_only=False))
-            _, firsts = group_ids(pairs[valid])
-            firsts = valid[firsts]
+            valid = col.is_valid().to_numpy(zero_copy_only=False)
+            at = np.flatnonzero(valid) if at is None else at[valid[at]]
+        if at is None:
+            _, firsts = group_ids(key_words([gid, col], rows.num_rows))
         else:
-            _, firsts = group_ids(pairs)
-        out[f"distinct_{f}"] = pa.array(np.bincount(gid[firsts], minlength=groups),
-                                        pa.int64())
+            _, firsts = group_ids(key_words([gid[at], col.take(pa.array(at))], len(at)))
+            firsts = at[firsts]
+        count = np.bincount(gid[firsts], minlength=groups)
+        if f in least:
+            count = np.where(per >= least[f], count, per)
+        out[f"distinct_{f}"] = pa.array(count, pa.int64())
     # approx_count_distinct(f): the node's rows carry sketches of f (column ~f), united per
     # group
     for f in query.approx:
         lists = list_column(rows.column(SKETCH + f), gid, groups)
         out[f"approx_{f}"] = pa.array(estimates(lists.to_pylist()), pa.int64())
     return pa.table(out), gid
+
+
+def _least_distinct(query: Query) -> dict[str, int]:
+    """Per ``count(DISTINCT f)`` of the query, the fewest values its HAVING lets a group
+    have (its lower bounds: >, >= and =)."""
+    fields_of = {o.name: o.field for o in query.outputs if o.func == "count_distinct"}
+    out: dict[str, int] = {}
+    for c in query.having:
+        f = fields_of.get(c.column)
+        if f is None or c.op not in (">", ">=", "="):
+            continue
+        v = math.floor(c.value) + 1 if c.op == ">" else math.ceil(c.value)
+        out[f] = max(out.get(f, 0), v)
+    return out
 
 
 def answers_of(stream: str, folder: str, rows: pa.Table, resolve: Resolve
@@ -609,7 +636,7 @@ def needed_rows(stream: str, rows: pa.Table, resolve: Resolve,
         if q.parent is None and not q.having and q.limit is None:
             need[slot][part.column(ROW).to_numpy()] = True  # every group
             continue
-        m, gid = group_rows(q, part)
+        m, gid = group_rows(q, part, bounded=True)
         m = m.append_column(GID, pa.array(np.arange(m.num_rows)))
         idx = part.column(ROW).to_numpy()
         groups[slot] = (idx, gid, m.num_rows)

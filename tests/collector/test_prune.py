@@ -114,6 +114,26 @@ def test_the_rows_kept_answer_as_all_of_them(case):
         assert need[at[has_slot(pattern, slot)]].all()
 
 
+def test_a_distinct_count_s_having_keeps_the_rows_of_its_answer_s_groups_only(case):
+    """``fanout`` (HAVING count(DISTINCT dst_port) > 3), counted here in Python: its slot
+    needs the rows of the groups with more than three ports, and no other (the groups with
+    at most three rows are left out without their values counted)."""
+    plan, rows, resolve, _ = case
+    slot = next(qp.slot for qp in plan.queries if qp.query.name == "fanout")
+    part = next(t for q, t in query_partials("packets", rows.append_column(
+        "_row", pa.array(np.arange(rows.num_rows))), resolve) if q.name == "fanout")
+    ports: dict = {}
+    for ws, src, port in zip(*(part.column(c).to_pylist() for c in (
+            "window_start", "src_ip", "dst_port")), strict=True):
+        ports.setdefault((ws, src), []).append(port)
+    passing = {k for k, v in ports.items() if len({p for p in v if p is not None}) > 3}
+    small = {k for k, v in ports.items() if len(v) <= 3}  # rows
+    assert passing and small, "groups that pass, and groups too small to"
+    want = sorted(r for ws, src, r in zip(*(part.column(c).to_pylist() for c in (
+        "window_start", "src_ip", "_row")), strict=True) if (ws, src) in passing)
+    assert np.flatnonzero(needed_rows("packets", rows, resolve)[slot]).tolist() == want
+
+
 def test_a_limit_keeps_its_ties_and_a_having_no_group_passes_keeps_nothing(tmp_path):
     """By hand: LIMIT 1 keeps the rows of every host tied first in its window (so Spark picks
     the same host whatever order its rows come in); a HAVING that no group passes keeps no
