@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from capture.errors import DecodeError
-from collector import functions, tables
+from collector import freeze_startup_heap, functions, tables
 from collector.cluster import (
     PublishedRegistry,
     owner,
@@ -98,6 +98,7 @@ class Collector:
                         for c, src in zip(s.sources, self.sources, strict=True)]
         self.alignment = self._alignment()
         self.rebuild()
+        freeze_startup_heap()
         self._with_spark = with_spark
         if with_spark:
             self._start_spark()

@@ -468,3 +468,21 @@ GROUP BY time/10, dst_ip
     want = {k: (v[1] / v[0], v[0] - inn[k][0]) for k, v in out.items()
             if k in inn and v[0] >= 2 and v[0] != inn[k][0]}
     assert want and {(r["t"], r["host"]): (r["mean"], r["d"]) for r in got["asym"]} == want
+
+
+def test_the_startup_heap_is_frozen_once_per_process():
+    """``freeze_startup_heap`` (replay's and the daemon's start) takes the process's objects
+    out of the full collections once; a later call leaves the objects made since (one
+    replay's garbage) to the collector."""
+    import gc
+
+    from collector import freeze_startup_heap
+    freeze_startup_heap()
+    frozen = gc.get_freeze_count()
+    assert frozen > 0
+    garbage = [[] for _ in range(1000)]
+    for a, b in zip(garbage, garbage[1:], strict=False):
+        a.append(b)
+        b.append(a)
+    freeze_startup_heap()
+    assert gc.get_freeze_count() == frozen
