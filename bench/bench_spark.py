@@ -25,6 +25,7 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -158,6 +159,9 @@ def run_one(mode: str, kind: str, n: int, nq: int, out: Path) -> None:
     answers = {q.name: rows_of(q, answers[q.name]) if q.name in answers else []
                for q in queries}
     spark.stop()
+    # the run's files go with it: their dirty pages would otherwise be written back while
+    # the next run is measured (the naive plans write 70 MB to 1 GB)
+    shutil.rmtree(work, ignore_errors=True)
     doc = {"mode": mode, "trace": kind, "packets": packets, "queries": nq,
            "jvm_start_s": jvm_s, "wall_s": wall, "stages_s": stages, "rows_into_spark": rows_in,
            "finished": done, **rss.stop(), "answers": answers}
@@ -296,6 +300,7 @@ def spark_where(q) -> str:
 def measure(mode: str, kind: str, n: int, nq: int, timeout: float) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", dir=CACHE, delete=False) as f:
         out = Path(f.name)
+    os.sync()  # each run starts with nothing left to write back
     cmd = [sys.executable, __file__, "--one", mode, kind, str(n), str(nq), str(out)]
     t = time.perf_counter()
     try:
