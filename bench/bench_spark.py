@@ -22,6 +22,7 @@ comparison (aggregate tree vs one LFTA table per query, the engine alone).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -117,6 +118,26 @@ def start_spark(app_name: str):
     return spark, time.perf_counter() - t0
 
 
+def stop_spark(spark) -> None:
+    """Stop the session and wait for its JVM to exit (it exits at the end of its stdin): a
+    JVM still shutting down when its Python process has gone (a naive plan's took 1-2 s at
+    over a core) shared the machine with the next measured run."""
+    from pyspark import SparkContext
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    spark.stop()
+    if gateway is not None:
+        gateway.shutdown()
+    if proc is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def _sql(kind: str, p: dict) -> str:
     return backbone_sql(p) if kind == "backbone" else peer_sql()
 
@@ -158,7 +179,7 @@ def run_one(mode: str, kind: str, n: int, nq: int, out: Path) -> None:
     wall = time.perf_counter() - t1  # the answers' tables are made; their check is not timed
     answers = {q.name: rows_of(q, answers[q.name]) if q.name in answers else []
                for q in queries}
-    spark.stop()
+    stop_spark(spark)
     # the run's files go with it: their dirty pages would otherwise be written back while
     # the next run is measured (the naive plans write 70 MB to 1 GB)
     shutil.rmtree(work, ignore_errors=True)

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_spark import TreeRss, raw_parquet, start_spark  # noqa: E402
+from bench.bench_spark import TreeRss, raw_parquet, start_spark, stop_spark  # noqa: E402
 from bench.common import CACHE, spark_rows, write_result  # noqa: E402
 from bench.telemetry.attacks import COLUMNS, capture, frame, truth  # noqa: E402
 
@@ -185,7 +185,7 @@ def run_one(mode: str, n: int, out: Path) -> None:
     cold = _pass(mode, spark, path)
     memory = rss.stop()  # of the first pass (the second's would add the first's garbage)
     warm = _pass(mode, spark, path)
-    spark.stop()
+    stop_spark(spark)
     out.write_text(json.dumps({
         "mode": mode, "packets": packets, "jvm_start_s": jvm_s, **cold, **memory,
         "warm": {k: warm[k] for k in ("wall_s", "stages_s", "rows_into_spark")},
