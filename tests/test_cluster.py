@@ -183,8 +183,12 @@ sources:
                   ns)
 
         def workers() -> list[dict]:
-            state = httpx.get(f"http://{HOST}:{master_ui}/json/", timeout=10).json()
-            return [w for w in state["workers"] if w["state"] == "ALIVE"]
+            r = httpx.get(f"http://{HOST}:{master_ui}/json/", timeout=10)
+            try:  # a master still starting may answer before its JSON page is up
+                state = r.json() if r.status_code == 200 else {}
+            except ValueError:
+                state = {}
+            return [w for w in state.get("workers", []) if w["state"] == "ALIVE"]
         wait_for(lambda: len(workers()) == 2, 120, "two workers registered at the master")
         assert {w["host"] for w in workers()} == {HOST, PEER}
         start("control", run_cmd, {"CONFIG": str(tmp_path / "control.yaml"),
