@@ -25,7 +25,7 @@ from collector.grouping import group_ids, key_words, list_column, reduce_column
 from collector.keys import KeyLayout, binary_buffers
 from collector.lfta import I64_MAX  # the min of NULL measures only
 from collector.spool import TS_US, qmask_words
-from planner.query import Query
+from planner.query import Query, and_terms
 from planner.slots import has_slot, slots_of
 
 ROW, GID = "_row", "_gid"  # a partial row's index; an answer row's group (``needed_rows``)
@@ -418,17 +418,6 @@ def _compute(node: exp.Expression, table: pa.Table):
     raise ValueError(f"cannot compute {node.sql()}")
 
 
-def _conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
-    """A WHERE's AND-ed conditions (its parentheses around an AND opened)."""
-    if node is None:
-        return []
-    if isinstance(node, exp.Paren):
-        return _conjuncts(node.this) if isinstance(node.this, exp.And) else [node]
-    if isinstance(node, exp.And):
-        return _conjuncts(node.this) + _conjuncts(node.expression)
-    return [node]
-
-
 def _output_type(query: Query, o) -> pa.DataType:
     """The Arrow type ``finalize`` gives an output column."""
     if o.kind == "bucket" or o.func in ("count", "count_distinct", "approx_distinct"):
@@ -458,16 +447,17 @@ def join_answer(query: Query, answers: dict[str, pa.Table], ties: bool = False) 
                          "window_start": pa.array([], TS_US)})
     left = left.rename_columns([f"{j.left}.{c}" for c in left.column_names])
     lkeys = [f"{j.left}.window_start"] + [f"{j.left}.{a}" for a, _ in j.on]
-    # the WHERE's conjuncts on one side's columns filter that side before the join (the
+    if right is not None:
+        right = right.rename_columns([f"{j.right}.{c}" for c in right.column_names])
+    # the WHERE's conditions on one side's columns filter that side before the join (the
     # right's only in an inner join: in a LEFT JOIN its rows decide which left rows meet NULL)
     rest = []
-    for cond in _conjuncts(j.where):
+    for cond in and_terms(j.where) if j.where is not None else []:
         side = {c.table for c in cond.find_all(exp.Column)}
         if side == {j.left} and left.num_rows:
             left = left.filter(pc.fill_null(_compute(cond, left), False))
         elif side == {j.right} and j.how == "inner" and right is not None and right.num_rows:
-            r = right.rename_columns([f"{j.right}.{c}" for c in right.column_names])
-            right = right.filter(pc.fill_null(_compute(cond, r), False))
+            right = right.filter(pc.fill_null(_compute(cond, right), False))
         else:
             rest.append(cond)
     where = functools.reduce(lambda a, b: exp.And(this=a, expression=b), rest) if rest \
@@ -482,7 +472,6 @@ def join_answer(query: Query, answers: dict[str, pa.Table], ties: bool = False) 
             joined = joined.append_column(f"{j.right}.{GID}",
                                           pa.nulls(left.num_rows, pa.int64()))
     else:
-        right = right.rename_columns([f"{j.right}.{c}" for c in right.column_names])
         rkeys = [f"{j.right}.window_start"] + [f"{j.right}.{b}" for _, b in j.on]
         joined = left.join(right, keys=lkeys, right_keys=rkeys, coalesce_keys=False,
                            join_type="left outer" if j.how == "left" else "inner",
@@ -529,11 +518,11 @@ def group_rows(query: Query, rows: pa.Table, bounded: bool = False
     # count(DISTINCT f): the rows come from a node that also groups by f (one row per value and
     # query-bit pattern), so the count is the number of distinct values of f (NULL not counted)
     least = _least_distinct(query) if bounded else {}
+    per = np.bincount(gid, minlength=groups) if least else None  # each group's rows
     for f in query.distinct:
         col = rows.column(f)
         at = None  # the rows whose values are counted (None: all)
         if f in least:
-            per = np.bincount(gid, minlength=groups)
             at = np.flatnonzero(per[gid] >= least[f])
         if col.null_count:  # NULL is not a value
             valid = col.is_valid().to_numpy(zero_copy_only=False)

@@ -755,7 +755,7 @@ class _Builder:
 
     def conjuncts(self, node: exp.Expression, clause: str) -> list[exp.Expression]:
         """The conditions ANDed in a WHERE or HAVING, at most MAX_CONJUNCTS of them."""
-        terms = _conjuncts(node)
+        terms = and_terms(node)
         if len(terms) > MAX_CONJUNCTS:
             raise self.err(f"{clause} has {len(terms)} conditions joined by AND; a query takes "
                            f"at most {MAX_CONJUNCTS} (condition {MAX_CONJUNCTS + 1} is here)",
@@ -960,7 +960,7 @@ class _Builder:
         return int(v)
 
 
-def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+def and_terms(node: exp.Expression) -> list[exp.Expression]:
     """The terms of a chain of ANDs, left to right (iterative: a long chain is a deep tree)."""
     out, stack = [], [node]
     while stack:
