@@ -77,7 +77,7 @@ def group_ids(words):
     for i0 in range(0, n, RUN):
         run = min(RUN, n - i0)
         for r in range(run):  # the home slots of a run first, their cache misses overlapping
-            home[r] = np.int64(_hash(words, i0 + r) & mask)
+            home[r] = np.int64(_hash(words, i0 + r, k) & mask)
             _prefetch(table, home[r])
         for r in range(run):
             i = i0 + r

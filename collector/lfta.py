@@ -26,6 +26,8 @@ in front of each allocates its scratch arrays.
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass, field
 
 import numba as nb
@@ -44,6 +46,8 @@ from planner.charts import Chart, LftaPlan, Scheduler, fit_groups
 from planner.sizes import mix
 from planner.slots import slot_mask
 
+log = logging.getLogger("flowsieve.lfta")
+
 I64_MAX = np.iinfo(np.int64).max
 I64_MIN = np.iinfo(np.int64).min
 FLUSH_REASONS = ("full", "window", "age", "shutdown")
@@ -61,13 +65,14 @@ _WORD_MULT = np.array([
 
 
 @nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
-def _hash(keys, i):
-    """A 64-bit hash of row ``i``'s key words: the sum of each word times its own odd
+def _hash(keys, i, width):
+    """A 64-bit hash of row ``i``'s first ``width`` key words (all of them; a compile-time
+    constant where the caller knows it, ``merge_tuples``): the sum of each word times its own odd
     constant, through splitmix64's finaliser (which brings the high bits to the low ones the
     slot is taken from). About half the cost per tuple of mixing word by word, which is a
     chain of two multiplications per word."""
     h = np.uint64(0)
-    for k in range(keys.shape[1]):
+    for k in range(width):
         h += np.uint64(keys[i, k]) * _WORD_MULT[k & 15]
     h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -75,16 +80,17 @@ def _hash(keys, i):
 
 
 @nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
-def _slot(t_keys, t_used, keys, r, h):
-    """Where key row ``r`` of ``keys`` (its hash ``h``) lives in the table: (slot, True) when
-    it is held, (the free slot its probe reached, False) when it is not."""
+def _slot(t_keys, t_used, keys, r, h, width):
+    """Where key row ``r`` of ``keys`` (its hash ``h``, its ``width`` words) lives in the
+    table: (slot, True) when it is held, (the free slot its probe reached, False) when it is
+    not."""
     mask = np.uint64(t_keys.shape[0] - 1)
     slot = np.int64(h & mask)
     while True:
         if not t_used[slot]:
             return slot, False
         same = True
-        for k in range(keys.shape[1]):
+        for k in range(width):
             if t_keys[slot, k] != keys[r, k]:
                 same = False
                 break
@@ -141,10 +147,10 @@ def _put(t_cnt, t_sum, t_min, t_max, slot, held, cnt, sums, mins, maxs, i, at):
 
 
 @nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
-def _claim(t_keys, t_used, slot, keys, r):
-    """Start a row for key row ``r`` in the free ``slot``."""
+def _claim(t_keys, t_used, slot, keys, r, width):
+    """Start a row for key row ``r`` (``width`` words) in the free ``slot``."""
     t_used[slot] = True
-    for k in range(keys.shape[1]):
+    for k in range(width):
         t_keys[slot, k] = keys[r, k]
 
 
@@ -161,11 +167,12 @@ def merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, 
 def _merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, cnt, sums,
                 mins, maxs, start, at):
     for i in range(start, keys.shape[0]):
-        slot, held = _slot(t_keys, t_used, keys, i, _hash(keys, i))
+        w = keys.shape[1]
+        slot, held = _slot(t_keys, t_used, keys, i, _hash(keys, i, w), w)
         if not held:
             if n_used >= limit:
                 return i, n_used
-            _claim(t_keys, t_used, slot, keys, i)
+            _claim(t_keys, t_used, slot, keys, i, w)
             n_used += 1
         _put(t_cnt, t_sum, t_min, t_max, slot, held, cnt[i], sums, mins, maxs, i, at)
     return keys.shape[0], n_used
@@ -200,7 +207,6 @@ DENSE_MAX_SLOTS = 12
 RUN = 32  # tuples whose keys and home slots merge_tuples makes before it probes them
 
 
-@nb.njit(cache=True, nogil=True)
 def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, mask, time,
                  period, ints, ips, kinds, idx, meas_idx, start):
     """Merge a batch's tuples ``start…`` into the table as partials of one, building each
@@ -215,17 +221,75 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
     The node's tuples are listed first without a branch (most nodes take a minority of a
     batch: a test per tuple mispredicted); then, a run of ``RUN`` tuples at a time, their
     keys and hashes are made and their home slots prefetched before any is probed
-    (bench/README.md: 25 % less time a merge on the backbone's 50 queries)."""
+    (bench/README.md: 25 % less time a merge on the backbone's 50 queries).
+
+    A key layout's own kernel (``specialize``) merges in about half the time of the generic
+    one; until it is ready, the generic one merges."""
+    key = (len(kinds), t_keys.shape[1])
+    fields_ = tuple(int(k) for k in kinds) + (0,)  # one more: an empty tuple has no type
+    rows = tuple(int(k) for k in idx) + (0,)
+    if key in _SPECIALIZED:
+        return _merge_tuples_of(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q,
+                                mask, time, period, ints, ips, fields_, rows,
+                                (0,) * t_keys.shape[1], meas_idx, start)
+    args = (t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, mask, time, period,
+            ints, ips)
+    specialize(key, (*args, fields_, rows, (0,) * t_keys.shape[1], meas_idx, start))
+    return _merge_tuples_of(*args, np.array(fields_, np.int64), np.array(rows, np.int64),
+                            np.empty(t_keys.shape[1], np.int64), meas_idx, start)
+
+
+# key layouts (key fields, key words) whose merge_tuples kernel is compiled, and those being
+# compiled; the compiling thread
+_SPECIALIZED: set[tuple[int, int]] = set()
+_SPECIALIZING: dict[tuple[int, int], threading.Thread] = {}
+_SPECIALIZE_LOCK = threading.Lock()
+
+
+def specialize(key: tuple[int, int], args: tuple) -> threading.Thread:
+    """Compile ``merge_tuples``' kernel for one key layout (``key``: its fields, its words), on
+    a thread of its own, for calls like ``args``. The layout's field kinds and rows and its
+    words are passed as tuples, whose lengths numba compiles in: the key's loops unroll (the
+    telemetry bench's nodes: 14-18 ns a tuple against 27-35). A plan's layouts are few, and
+    numba's cache keeps each compiled (about a second the first time, a few milliseconds
+    loaded): compiling where the tuples are merged would stop the capture for that long at a
+    plan change, which swaps data, not code (DESIGN, prefilter). Returns the thread."""
+    with _SPECIALIZE_LOCK:
+        t = _SPECIALIZING.get(key)
+        if t is not None:
+            return t
+        sig = tuple(nb.typeof(a) for a in args)
+
+        def run() -> None:
+            try:
+                _merge_tuples_of.compile(sig)
+            except Exception:  # noqa: BLE001 - the generic kernel goes on merging
+                log.exception("could not compile the LFTA merge for key layout %s", key)
+                return
+            _SPECIALIZED.add(key)
+        t = _SPECIALIZING[key] = threading.Thread(target=run, daemon=True,
+                                                  name=f"lfta-specialize-{key[0]}-{key[1]}")
+        t.start()
+        return t
+
+
+@nb.njit(cache=True, nogil=True)
+def _merge_tuples_of(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, mask, time,
+                     period, ints, ips, kinds, idx, width, meas_idx, start):
     return _merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, mask,
-                         time, period, ints, ips, kinds, idx, meas_idx, start,
+                         time, period, ints, ips, kinds, idx, width, meas_idx, start,
                          np.empty(Q.shape[0] - start, np.int64),
                          np.empty((RUN, t_keys.shape[1]), np.int64), np.empty(RUN, np.uint64))
 
 
 @nb.njit(cache=True, _nrt=False, nogil=True)
 def _merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, mask, time,
-                  period, ints, ips, kinds, idx, meas_idx, start, sel, keys, hashes):
-    words = Q.shape[1]
+                  period, ints, ips, kinds, idx, width, meas_idx, start, sel, keys, hashes):
+    """``merge_tuples``: ``kinds`` and ``idx`` end in one unused entry; ``width`` is as long as
+    a key row (its words: the window start, the fields', the pattern's). Tuples make it a
+    layout's own kernel, arrays the generic one."""
+    n_fields = len(kinds) - 1
+    n_words = len(width)
     n = Q.shape[0]
     m = _node_tuples(Q, mask, start, sel)
     meas_t = ints.T  # (tuples, fields): each tuple its own sum, min and max
@@ -242,17 +306,18 @@ def _merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, 
                 end = ws + period
             keys[r, 0] = ws
             c = 1
-            for k in range(kinds.shape[0]):
+            for k in range(n_fields):
                 if kinds[k] == 0:
                     keys[r, c] = ints[idx[k], i]
                     c += 1
                 else:
-                    for j in range(3):
-                        keys[r, c + j] = ips[idx[k], i, j]
+                    keys[r, c] = ips[idx[k], i, 0]
+                    keys[r, c + 1] = ips[idx[k], i, 1]
+                    keys[r, c + 2] = ips[idx[k], i, 2]
                     c += 3
-            for w in range(words):
+            for w in range(n_words - c):
                 keys[r, c + w] = np.int64(Q[i, w] & mask[w])
-            hashes[r] = _hash(keys, r)
+            hashes[r] = _hash(keys, r, n_words)
             slot = np.int64(hashes[r] & home)
             _prefetch(t_keys, slot)
             _prefetch(t_used, slot)
@@ -262,11 +327,11 @@ def _merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, 
             _prefetch(t_max, slot)
         for r in range(run):
             i = sel[j0 + r]
-            slot, held = _slot(t_keys, t_used, keys, r, hashes[r])
+            slot, held = _slot(t_keys, t_used, keys, r, hashes[r], n_words)
             if not held:
                 if n_used >= limit:
                     return i, n_used, merged, first
-                _claim(t_keys, t_used, slot, keys, r)
+                _claim(t_keys, t_used, slot, keys, r, n_words)
                 n_used += 1
             _put(t_cnt, t_sum, t_min, t_max, slot, held, 1, meas_t, meas_t, meas_t, i, meas_idx)
             merged += 1
@@ -295,9 +360,10 @@ def _drain_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, ws, radix, 
             if (pid >> (pat_w.shape[0] - 1 - b)) & 1:
                 c = 1 + nk + pat_w[b]
                 key[0, c] = np.int64(np.uint64(key[0, c]) | (np.uint64(1) << np.uint64(pat_b[b])))
-        slot, held = _slot(t_keys, t_used, key, 0, _hash(key, 0))
+        kw = key.shape[1]
+        slot, held = _slot(t_keys, t_used, key, 0, _hash(key, 0, kw), kw)
         if not held:
-            _claim(t_keys, t_used, slot, key, 0)
+            _claim(t_keys, t_used, slot, key, 0, kw)
             n_used += 1
         _put(t_cnt, t_sum, t_min, t_max, slot, held, d_cnt[code], d_sum, d_min, d_max, code,
              at)
@@ -403,11 +469,12 @@ def _merge_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
                 key[0, 1 + k] = ints[idx[k], i]
             for w in range(words):
                 key[0, 1 + nk + w] = np.int64(Q[i, w] & mask[w])
-            slot, held = _slot(t_keys, t_used, key, 0, _hash(key, 0))
+            kw = key.shape[1]
+            slot, held = _slot(t_keys, t_used, key, 0, _hash(key, 0, kw), kw)
             if not held:
                 if n_used >= limit:
                     return i, n_used, merged, first
-                _claim(t_keys, t_used, slot, key, 0)
+                _claim(t_keys, t_used, slot, key, 0, kw)
                 n_used += 1
             _put(t_cnt, t_sum, t_min, t_max, slot, held, 1, meas_t, meas_t, meas_t, i, meas_idx)
         merged += 1

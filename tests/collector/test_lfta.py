@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numba.core import types as nb_types
 from scapy.utils import RawPcapReader
 
 from capture.fields import ip_bytes
 from capture.pcap import open_capture
 from capture.unpack import unpack
+from collector import lfta
 from collector.config import LftaConfig
 from collector.lfta import BatchColumns, NodeTable, Partials, PartialTable
 from tests.conftest import capture
@@ -183,6 +185,52 @@ def test_node_table_merges_columns_as_it_merges_key_rows(name, keys):
     out_ref.append(ref.flush_all())
     assert merged(out_fused) == merged(out_ref)
     assert fused.table.stats.rows_in == ref.stats.rows_in > 0
+
+
+@pytest.mark.parametrize("keys", [("src_ip", "dst_port"), ("dst_ip", "src_ip", "ttl"),
+                                  ("src_port",), ()])
+def test_a_key_layout_s_own_kernel_merges_as_the_generic_one(keys):
+    """``merge_tuples``' kernel compiled for a key layout (``specialize``: the layout's field
+    kinds and rows and its key words as tuples) leaves the table, and returns, exactly what
+    the generic kernel does, through a table small enough to stop at its limit; once compiled,
+    ``merge_tuples`` merges through it."""
+    node = NodeTable("packets", 60, keys, [0, 2, 65], 2, LftaConfig(capacity=64, max_load=0.5))
+    key = None
+    for raw in open_capture(capture("mixed-vlan-mpls.pcap"), batch_size=97):
+        tb = unpack(raw)
+        Q = np.zeros((len(tb), 2), np.uint64)  # slot 0: TCP, 2: every tuple, 65: v6
+        Q[:, 0] = (tb.column("protocol") == 6).astype(np.uint64) | np.uint64(4)
+        Q[:, 1] = (tb.column("ip_version") == 6).astype(np.uint64) << np.uint64(1)
+        ints, ips, kinds, idx, meas_idx = node.columns(BatchColumns(tb))
+        t = node.table
+        pos = 0
+        while pos < len(tb):
+            before = [a.copy() for a in (t.t_keys, t.t_used, t.t_cnt, t.t_sum, t.t_min,
+                                         t.t_max)]
+            own = [a.copy() for a in before]
+            args = (*before, t.n_used, t.limit, Q, node.mask, tb.time, 60, ints, ips)
+            fields_ = (*map(int, kinds), 0)
+            rows = (*map(int, idx), 0)
+            width = (0,) * t.t_keys.shape[1]
+            key = (len(kinds), t.t_keys.shape[1])
+            lfta.specialize(key, (*args, fields_, rows, width, meas_idx, pos)).join()
+            assert key in lfta._SPECIALIZED
+            got = lfta._merge_tuples_of(*args, fields_, rows, width, meas_idx, pos)
+            want = lfta._merge_tuples_of(*own, *args[6:], np.array(fields_), np.array(rows),
+                                         np.empty(len(width), np.int64), meas_idx, pos)
+            assert got == want
+            for a, b in zip(before, own, strict=True):
+                np.testing.assert_array_equal(a, b)
+            pos, t.n_used, _, _ = lfta.merge_tuples(t.t_keys, t.t_used, t.t_cnt, t.t_sum,
+                                                    t.t_min, t.t_max, t.n_used, t.limit, Q,
+                                                    node.mask, tb.time, 60, ints, ips, kinds,
+                                                    idx, meas_idx, pos)
+            assert pos == got[0] and t.n_used == got[1]
+            if pos < len(tb):
+                t.flush_all()
+    assert key is not None
+    assert any(isinstance(a, nb_types.UniTuple) for sig in lfta._merge_tuples_of.signatures
+               for a in sig)
 
 
 def _flushed(parts: list[Partials]) -> list[list]:
