@@ -265,7 +265,9 @@ class Spool:
             with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
                 writer.write_table(table, max_chunksize=65536)
         if kind == "held":
-            self._written += tmp.stat().st_size
+            size = tmp.stat().st_size
+            with self._lock:  # writers on several threads (replay's pruning)
+                self._written += size
         if hold is not None:
             held = path_dir / f".{hold}.{seq:016d}.{kind}"
             os.replace(tmp, held)

@@ -264,7 +264,7 @@ def test_replay_leaves_out_rows_and_answers_the_same(spark, tmp_path, monkeypatc
     rows left out counted; also when the rows kept in memory outgrow their bound (they go to
     files and are pruned from there), when the rows are pruned a window at a time (from
     memory, from files) and when a window outgrows its bound (merged whole), or with the
-    LFTA off, the files theirs (merged whole)."""
+    LFTA off, the files theirs (merged whole); and on one thread (one run) as on several."""
     import collector.replay as replay_module
 
     got, pruned, spooled_rows, files, chunks = {}, {}, {}, {}, {}
@@ -273,16 +273,18 @@ def test_replay_leaves_out_rows_and_answers_the_same(spark, tmp_path, monkeypatc
     cases = {"off": (False, big, big, big), "memory": (True, big, big, big),
              "files": (True, 1, big, big), "windows": (True, big, 1, big),
              "file_windows": (True, 1, 1, big), "whole": (True, 1, big, 0),
-             "per_tuple": (True, 1, big, big), "per_tuple_whole": (True, 1, big, big)}
+             "per_tuple": (True, 1, big, big), "per_tuple_whole": (True, 1, big, big),
+             "one_thread": (True, big, big, big)}
     for case, (prune, memory_bytes, chunk_bytes, window_bytes) in cases.items():
+        monkeypatch.setattr(replay_module, "PRUNE_MAX_THREADS", 1 if case == "one_thread" else 4)
         monkeypatch.setattr(replay_module, "PRUNE_PER_TUPLE_FILE_BYTES",
                             0 if case == "per_tuple_whole" else big)
         monkeypatch.setattr(replay_module, "PRUNE_MEMORY_BYTES", memory_bytes)
         monkeypatch.setattr(replay_module, "PRUNE_CHUNK_BYTES", chunk_bytes)
         monkeypatch.setattr(replay_module, "PRUNE_MAX_BYTES", window_bytes)
         chunks[case] = []
-        monkeypatch.setattr(replay_module, "window_chunks", lambda w, b, case=case: (
-            chunks[case].extend(cut := window_chunks(w, b)) or cut))
+        monkeypatch.setattr(replay_module, "window_chunks", lambda w, b, parts=1, case=case: (
+            chunks[case].extend(cut := window_chunks(w, b, parts)) or cut))
         m = Metrics()
         res = replay(capture("var-services-std-ports.pcap"), parse_queries(QUERIES),
                      tmp_path / case, spark, metrics=m,
@@ -299,8 +301,11 @@ def test_replay_leaves_out_rows_and_answers_the_same(spark, tmp_path, monkeypatc
         assert got[case] == got["off"], case
     assert got["off"]["asym"] and got["off"]["half_open"]
     assert 0 < pruned["memory"] == pruned["files"] < spooled_rows["memory"]
-    assert pruned["windows"] == pruned["file_windows"] == pruned["memory"]
-    assert len(chunks["memory"]) == 1 < len(chunks["windows"]) == len(chunks["file_windows"])
+    assert pruned["windows"] == pruned["file_windows"] == pruned["memory"] == \
+        pruned["one_thread"]
+    assert len(chunks["one_thread"]) == 1 < len(chunks["windows"]) == len(chunks["file_windows"])
+    if replay_module.prune_threads() > 1:  # runs for the threads, pruned at once
+        assert 1 < len(chunks["memory"]) < len(chunks["windows"])
     assert pruned["off"] == pruned["whole"] == pruned["per_tuple_whole"] == 0
     assert pruned["per_tuple"] > pruned["memory"], "a row per tuple: more rows left out"
     assert len({v for k, v in spooled_rows.items() if not k.startswith("per_tuple")}) == 1, \
@@ -317,3 +322,7 @@ def test_window_chunks_are_runs_of_whole_windows_within_their_bytes():
     assert window_chunks([a, b], 25) == [(0, 60, 25.0), (120, 120, 10.0), (180, 180, 40.0)]
     assert window_chunks([a, b], 1000) == [(0, 180, 75.0)]
     assert window_chunks([], 25) == window_chunks([(np.array([]), np.array([]))], 25) == []
+    # for two threads, halves of the 75 bytes: window 120 takes the run to 35 (its half to
+    # 30, within 37.5), window 180 would take it to 55 (its half: 55 > 37.5)
+    assert window_chunks([a, b], 1000, 2) == [(0, 120, 35.0), (180, 180, 40.0)]
+    assert window_chunks([a, b], 25, 2) == window_chunks([a, b], 25)
