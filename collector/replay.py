@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from capture.errors import DecodeError
 from capture.netflow import DEFAULT_FLOW_PORTS, Decoder, capture_flows
 from capture.pcap import open_capture, split_pcap
-from collector import freeze_startup_heap, functions, tables
+from collector import freeze_startup_heap, functions, no_huge_pages, tables
 from collector.config import Settings
 from collector.engine import Engine
 from collector.metrics import Metrics
@@ -354,6 +354,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     from collector.spark.job import SparkJob
 
     freeze_startup_heap()
+    no_huge_pages()
     work = Path(workdir)
     settings = settings or Settings()
     tables.configure(settings.tables)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from capture.errors import DecodeError
-from collector import freeze_startup_heap, functions, tables
+from collector import freeze_startup_heap, functions, no_huge_pages, tables
 from collector.cluster import (
     PublishedRegistry,
     owner,
@@ -99,6 +99,7 @@ class Collector:
         self.alignment = self._alignment()
         self.rebuild()
         freeze_startup_heap()
+        no_huge_pages()
         self._with_spark = with_spark
         if with_spark:
             self._start_spark()

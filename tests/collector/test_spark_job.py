@@ -18,7 +18,7 @@ from collector.config import Settings, data_file
 from collector.engine import Engine
 from collector.metrics import Metrics
 from collector.results import read_results
-from collector.spark.job import BYPASS_PARTIAL, CODEGEN, SparkJob, batch_merge
+from collector.spark.job import BYPASS_PARTIAL, CODEGEN, SparkJob, batch_merge, warm_up
 from collector.spool import Spool, list_files, null_columns, schema_for, spark_ddl
 from planner.plan import build_plan
 from planner.query import parse_queries
@@ -330,6 +330,27 @@ def test_a_batch_merge_leaves_the_session_as_it_was(spark):
         assert spark.conf.get(BYPASS_PARTIAL) == "false"
     finally:
         spark.conf.unset(BYPASS_PARTIAL)
+
+
+def test_a_warm_jvm_is_not_warmed_up_again(spark, monkeypatch):
+    """``warm_up`` runs its merge once per JVM and shape: the second call for the same
+    streams and measures runs no Spark job; another set of measures is other code, and runs
+    one."""
+    import collector.spark.job as job_module
+    monkeypatch.setattr(job_module, "_warmed", set())  # as if no test had warmed it up
+    sc = spark.sparkContext
+    tracker = sc.statusTracker()
+
+    def jobs(group: str, **kw) -> int:
+        sc.setJobGroup(group, "warm-up")
+        try:
+            warm_up(spark, ["packets"], **kw)
+        finally:
+            sc.setJobGroup("", "")
+        return len(tracker.getJobIdsForGroup(group))
+    assert jobs("warm-first", only={"ip_len"}, sets=True) > 0
+    assert jobs("warm-again", only={"ip_len"}, sets=True) == 0
+    assert jobs("warm-other", only={"ip_len", "wirelen"}, sets=True) > 0
 
 
 def test_class_archive_kept_only_from_a_jvm_that_ran_a_job(tmp_path, monkeypatch):
