@@ -7,6 +7,7 @@ difference). Both modes' answers must equal the pandas truth of ``attacks.py``.
 
 Each run is a fresh process that, after the JVM's start, passes the capture through twice:
 cold (as a fresh ``flowsieve replay`` does) and warm (the same JVM and Python process again).
+A run imports what a deployed flowsieve has: not the development environment's scipy.
 
 ``python bench/telemetry/bench_telemetry.py [--quick]``; figures in
 ``bench/results/telemetry.json`` and a line in ``bench/README.md``.
@@ -248,6 +249,10 @@ def main() -> int:
     ap.add_argument("--one", nargs=3, metavar=("MODE", "N", "OUT"))
     args = ap.parse_args()
     if args.one:
+        # a run imports what a deployed flowsieve has (deploy/Dockerfile: flowsieve[live]):
+        # scipy is a development dependency (planner/reference.py's ILP) that numba imports at
+        # its first compile when it finds it (0.05-0.1 s of a fresh process, both modes)
+        sys.modules.setdefault("scipy", None)
         run_one(args.one[0], int(args.one[1]), Path(args.one[2]))
         return 0
     n, repeat = (QUICK, 1) if args.quick else (SIZE, 3)
