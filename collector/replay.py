@@ -227,7 +227,8 @@ def prune_spool(spool: Spool, stream: str, folder: str, resolve: Resolve,
     matter. ``kept``: the folder's partial rows a ``MemorySpool`` kept in memory, with its
     files. The rows are pruned a run of windows at a time (``window_chunks``), so a capture
     whose rows outgrow memory prunes in bounded memory too, and runs are pruned on
-    ``prune_threads()`` threads at once (within the same bytes); a window of more than
+    ``prune_threads()`` threads at once (within the same bytes; a window larger than a
+    thread's share of them is pruned alone); a window of more than
     ``PRUNE_MAX_BYTES`` is written whole, and so is the folder of rows ``per_tuple`` (the
     LFTA off) whose files hold more than ``PRUNE_PER_TUPLE_FILE_BYTES``. Returns the rows
     left out."""
@@ -260,12 +261,17 @@ def prune_spool(spool: Spool, stream: str, folder: str, resolve: Resolve,
         spool.write(stream, folder, out, "force")
         return rows.num_rows - out.num_rows
 
-    chunks = window_chunks(windows, PRUNE_CHUNK_BYTES / threads, threads)
-    if threads > 1 and len(chunks) > 1:
+    share = PRUNE_CHUNK_BYTES / threads
+    chunks = window_chunks(windows, share, threads)
+    # a run of one window larger than a thread's share is pruned alone (memory stays bound)
+    alone = [c for c in chunks if c[2] > share]
+    together = [c for c in chunks if c[2] <= share]
+    left_out = sum(map(prune, alone))
+    if threads > 1 and len(together) > 1:
         with ThreadPoolExecutor(threads, thread_name_prefix="flowsieve-prune") as pool:
-            left_out = sum(pool.map(prune, chunks))
+            left_out += sum(pool.map(prune, together))
     else:
-        left_out = sum(map(prune, chunks))
+        left_out += sum(map(prune, together))
     for f in files:
         f.unlink()
     return left_out
