@@ -350,7 +350,8 @@ class Settings(BaseSettings):
         "leave out the rows no answer needs (groups a HAVING or an ORDER BY … LIMIT drops, "
         "with their joins' partners); the answers are the same. Replay's own reading keeps "
         "its rows in memory for this (up to 512 MiB or spool.max_bytes, then spool files), "
-        "and prunes them a run of windows at a time; a window of more than 1 GiB of rows, "
+        "and prunes them a run of windows at a time, on one thread per core (at most 4); a "
+        "window of more than 1 GiB of rows, "
         "or with the LFTA off a folder of more than 64 MiB of spool files, is merged whole")
     sources: list[SourceConfig] = Field(default_factory=lambda: [SourceConfig()])
     initial_queries: str | None = Field(

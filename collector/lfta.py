@@ -166,8 +166,8 @@ def merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, 
 @nb.njit(cache=True, _nrt=False, nogil=True)
 def _merge_rows(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, keys, cnt, sums,
                 mins, maxs, start, at):
+    w = keys.shape[1]
     for i in range(start, keys.shape[0]):
-        w = keys.shape[1]
         slot, held = _slot(t_keys, t_used, keys, i, _hash(keys, i, w), w)
         if not held:
             if n_used >= limit:
@@ -346,6 +346,7 @@ def _drain_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, ws, radix, 
     table, emptying the array; the caller has kept room for them. Returns the entries.
     ``key``: a row of scratch, ``at``: the measure columns in order."""
     nk = radix.shape[0]
+    kw = key.shape[1]
     for t in range(n_touched):
         code = touched[t]
         pid = code & ((np.int64(1) << pat_w.shape[0]) - 1)
@@ -360,7 +361,6 @@ def _drain_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, ws, radix, 
             if (pid >> (pat_w.shape[0] - 1 - b)) & 1:
                 c = 1 + nk + pat_w[b]
                 key[0, c] = np.int64(np.uint64(key[0, c]) | (np.uint64(1) << np.uint64(pat_b[b])))
-        kw = key.shape[1]
         slot, held = _slot(t_keys, t_used, key, 0, _hash(key, 0, kw), kw)
         if not held:
             _claim(t_keys, t_used, slot, key, 0, kw)
@@ -402,6 +402,7 @@ def _merge_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
     nk = idx.shape[0]
     nb_ = pat_w.shape[0]
     nm = meas_idx.shape[0]
+    kw = key.shape[1]
     meas_t = ints.T  # (tuples, fields), as merge_tuples reads the measures
     m = _node_tuples(Q, mask, start, sel)
     # column at a time over the node's tuples: each one's row (-1: a key outside its radix)
@@ -469,7 +470,6 @@ def _merge_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
                 key[0, 1 + k] = ints[idx[k], i]
             for w in range(words):
                 key[0, 1 + nk + w] = np.int64(Q[i, w] & mask[w])
-            kw = key.shape[1]
             slot, held = _slot(t_keys, t_used, key, 0, _hash(key, 0, kw), kw)
             if not held:
                 if n_used >= limit:

@@ -4,7 +4,6 @@ ORDER BY … LIMIT per window), their Parquet folders, and the output formats of
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import math
 import operator
@@ -460,8 +459,7 @@ def join_answer(query: Query, answers: dict[str, pa.Table], ties: bool = False) 
             right = right.filter(pc.fill_null(_compute(cond, right), False))
         else:
             rest.append(cond)
-    where = functools.reduce(lambda a, b: exp.And(this=a, expression=b), rest) if rest \
-        else None
+    where = exp.and_(*rest, copy=False) if rest else None
     if right is None:  # LEFT JOIN a window the right part has no row of: NULLs
         part = j.part(j.right)
         joined = left
