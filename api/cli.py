@@ -476,10 +476,10 @@ def cmd_replay(args) -> int:
     import time
     from concurrent.futures import Future
 
+    from api.formats import write_answers
     from collector.config import cache_dir
     from collector.replay import replay
-    from collector.results import format_results, rows_of
-    from collector.spark.job import build_session, class_archive_path
+    from collector.spark.session import build_session, class_archive_path, failure_reason
     queries = _read_queries(args.queries)
     check_capture(args.capture)
     settings = _with_bits(_settings(args.config), args.bits)
@@ -521,7 +521,7 @@ def cmd_replay(args) -> int:
                 class_archive=class_archive_path(cache_dir()) if s.class_archive else None,
                 quick_start=True))
         except Exception as e:  # noqa: BLE001 - the JVM did not start: say why in one line
-            starting.set_exception(CliError(f"Spark did not start: {spark_reason(e) or e} "
+            starting.set_exception(CliError(f"Spark did not start: {failure_reason(e) or e} "
                                             f"(its log: {jvm_log})"))
     threading.Thread(target=start, name="spark-start", daemon=True).start()
     try:
@@ -531,7 +531,7 @@ def cmd_replay(args) -> int:
         except CliError:
             raise
         except Exception as e:
-            reason = spark_reason(e)
+            reason = failure_reason(e, jvm_log)
             if reason is None:
                 raise
             raise CliError(f"Spark failed: {reason} (its log: {jvm_log})") from e
@@ -541,9 +541,9 @@ def cmd_replay(args) -> int:
                     starting.result().stop()
         jvm_log.unlink(missing_ok=True)
         progress.close()
-        sys.stdout.write(format_results(
-            [(q, rows_of(q, t)) for q, t in res.answers], args.format))
         sys.stdout.flush()
+        write_answers(sys.stdout.buffer, args.format, res.results, queries)
+        sys.stdout.buffer.flush()
         if res.error is not None:
             raise res.error
     finally:
@@ -551,24 +551,6 @@ def cmd_replay(args) -> int:
         if tmp is not None:
             tmp.cleanup()
     return 0
-
-
-def spark_reason(e: BaseException) -> str | None:
-    """One line saying why Spark failed, from a Py4J or PySpark error (None: not Spark's)."""
-    text = str(e)
-    names = {type(x).__module__.split(".")[0] for x in (e, e.__cause__, e.__context__) if x}
-    if not names & {"py4j", "pyspark"} and "java." not in text:
-        return None
-    if "OutOfMemoryError" in text:
-        return ("the JVM ran out of memory (java.lang.OutOfMemoryError); raise spark."
-                "driver_memory in the config (FLOWSIEVE_SPARK__DRIVER_MEMORY)")
-    for line in text.splitlines():
-        line = line.strip()
-        m = re.search(r"((?:java|org\.apache\.spark)[\w.$]*(?:Exception|Error)): ?(.*)", line)
-        if m:
-            return f"{m.group(1)}: {m.group(2)}".rstrip(": ")
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
-    return first[:300]
 
 
 def cmd_run(args) -> int:
@@ -617,17 +599,30 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except OSError as e:
+        if os.environ.get("FLOWSIEVE_DEBUG") == "1":
+            traceback.print_exc()
+        reason = _spark_failure(e)  # "Connection refused": the JVM behind Py4J is gone
+        if reason:
+            return _fail(f"Spark failed: {reason}")
         where = f"{e.filename}: " if e.filename else ""
         return _fail(f"{where}{e.strerror or e}")
     except Exception as e:  # never a traceback: one line, the traceback on request
         if os.environ.get("FLOWSIEVE_DEBUG") == "1":
             traceback.print_exc()
-        reason = spark_reason(e)
+        reason = _spark_failure(e)
         if reason:
             return _fail(f"Spark failed: {reason}")
         first = str(e).splitlines()[0] if str(e) else ""
         return _fail(f"internal error: {type(e).__name__}: {first} (FLOWSIEVE_DEBUG=1 prints "
                      "the traceback)")
+
+
+def _spark_failure(e: BaseException) -> str | None:
+    """Why Spark failed (``failure_reason``), when this command used Spark at all."""
+    if "pyspark" not in sys.modules:
+        return None
+    from collector.spark.session import failure_reason
+    return failure_reason(e)
 
 
 def _fail(message: str) -> int:

@@ -22,11 +22,17 @@ def median_time(fn, repeat: int) -> float:
 
 
 def spark_rows(metrics) -> float:
-    """The rows Spark read in a replay: those spooled less those left out before Spark."""
-    def total(counter) -> float:
-        return sum(s.value for m in counter.collect() for s in m.samples
-                   if s.name.endswith("_total"))
-    return total(metrics.spool_rows) - total(metrics.spool_pruned)
+    """The rows Spark read in a replay: every row spooled (the LFTA's partials)."""
+    return sum(s.value for m in metrics.spool_rows.collect() for s in m.samples
+               if s.name.endswith("_total"))
+
+
+def answer_rows(query, table) -> list[dict]:
+    """An answer table's rows as dicts of the query's output columns (for the check against
+    the truth, after the clock)."""
+    names = [o.name for o in query.outputs]
+    return [{n: r.get(n) for n in names} for r in table.select(
+        [n for n in names if n in table.column_names]).to_pylist()]
 
 
 def write_result(name: str, data: dict) -> Path:

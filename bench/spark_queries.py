@@ -108,6 +108,14 @@ def peer_sql() -> str:
     return sql()
 
 
+def pairs_sql() -> str:
+    """The peers' 50 filters grouping by (minute, source, destination): an answer row per
+    host pair and filter (the CSV export benchmark: answers as many as the packets)."""
+    return peer_sql().replace("SELECT time/60 AS t, count(*) AS pkts",
+                              "SELECT time/60 AS t, src_ip, dst_ip, count(*) AS pkts") \
+        .replace("GROUP BY time/60;", "GROUP BY time/60, src_ip, dst_ip;")
+
+
 def bpf_to_sql(bpf: str) -> str:
     """The BPF forms of peer-queries.json (a small, fixed vocabulary) as a WHERE clause."""
     words = bpf.split()

@@ -249,13 +249,12 @@ def split128(value: int) -> tuple[int, int]:
 # -- group keys: a catalogue field, or an address field cut to a prefix ('src_ip/24', written
 # prefix(src_ip, 24) in a query). The length counts bits of the address's own family.
 SKETCH = "~"  # a node key '~dst_ip': each row carries a HyperLogLog sketch of dst_ip
-VALUES = "+"  # a node key '+dst_ip': each row carries the distinct values of dst_ip (a list)
 
 
 def key_field(name: str) -> tuple[str, int | None]:
     """A group key's catalogue field and prefix length: ``'src_ip/24'`` → ``('src_ip', 24)``,
     ``'~dst_ip'`` (a sketch key) → ``('dst_ip', None)``."""
-    base, sep, bits = name.lstrip(SKETCH + VALUES).partition("/")
+    base, sep, bits = name.lstrip(SKETCH).partition("/")
     return (base, int(bits)) if sep else (base, None)
 
 

@@ -136,6 +136,12 @@ class SpoolConfig(BaseModel):
         return parse_size(v)
 
 
+class ResultsConfig(BaseModel):
+    path: Path | None = Field(None, description="where Spark writes the queries' answers "
+                              "(default var_dir/results); on a cluster, shared storage that "
+                              "every Spark worker writes and the control plane reads")
+
+
 class PlannerConfig(BaseModel):
     cheap_cost: float = Field(10.0, gt=0, description="base predicates up to this cost are "
                               "prefilter candidates")
@@ -339,20 +345,13 @@ class Settings(BaseSettings):
     lfta: LftaConfig = Field(default_factory=LftaConfig)
     residual: ResidualConfig = Field(default_factory=ResidualConfig)
     om: OmConfig = Field(default_factory=OmConfig)
+    results: ResultsConfig = Field(default_factory=ResultsConfig)
     batch_size: int = Field(65536, ge=1, le=1 << 22)
     replay_workers: int = Field(
         0, ge=0, le=64, description="processes that read a classic pcap file in flowsieve "
         "replay, each a byte range with its own engine writing the one spool (0: one per CPU "
         "core but one (Spark's JVM runs its first job meanwhile), at most 4, each range "
         "at least 64 MiB)")
-    replay_prune: bool = Field(
-        True, description="flowsieve replay: before Spark merges a finite capture's partials, "
-        "leave out the rows no answer needs (groups a HAVING or an ORDER BY … LIMIT drops, "
-        "with their joins' partners); the answers are the same. Replay's own reading keeps "
-        "its rows in memory for this (up to 512 MiB or spool.max_bytes, then spool files), "
-        "and prunes them a run of windows at a time, on one thread per core (at most 4); a "
-        "window of more than 1 GiB of rows, "
-        "or with the LFTA off a folder of more than 64 MiB of spool files, is merged whole")
     sources: list[SourceConfig] = Field(default_factory=lambda: [SourceConfig()])
     initial_queries: str | None = Field(
         default_factory=lambda: data_file("example.sql"),
@@ -391,7 +390,7 @@ class Settings(BaseSettings):
 
     @property
     def results_dir(self) -> Path:
-        return self.var_dir / "results"
+        return self.results.path or self.var_dir / "results"
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -35,7 +35,6 @@ from collector.residual import Residual, ValueCache
 from collector.sampling import TupleSampler
 from collector.selectivity import SelectivityMeter
 from collector.spool import (
-    IN_MEMORY,
     Held,
     Spool,
     null_columns,
@@ -569,8 +568,7 @@ class Engine:
             self.metrics.spool_dropped.labels(self.stream, self.source, "spool_full").inc(
                 batch.num_rows)
         else:
-            if written is not IN_MEMORY:
-                self.metrics.spool_files.labels(self.stream, fp.folder).inc()
+            self.metrics.spool_files.labels(self.stream, fp.folder).inc()
             self.metrics.spool_rows.labels(self.stream, fp.folder).inc(batch.num_rows)
 
     def _spool(self, folder: str, batch: pa.Table):

@@ -11,8 +11,7 @@ its hash and its state stay small whatever the node. The layout, named by the ``
 - the query-bit pattern (``pattern words`` words; bit ``i`` of word ``w`` is slot ``64·w + i``).
 
 A label may also name one field that is not packed: ``~f``, the row's ``hll`` column holds a
-sketch of f; ``+f``, the row's ``vals`` column holds the distinct values of f in the row's group,
-each packed as the one-field key of f (no pattern).
+sketch of f.
 
 Packing and unpacking are vectorised (numpy over Arrow buffers): no per-row Python on either side.
 """
@@ -25,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from capture.fields import IP, SKETCH, STRING, VALUES, fields, key_field
+from capture.fields import IP, SKETCH, STRING, fields, key_field
 from capture.unpack import ip_arrow
 
 
@@ -65,14 +64,13 @@ class KeyLayout:
         cat = fields(stream)
         self.stream = stream
         named = tuple(sorted(keys))
-        # a sketch key (~dst_ip) or a value-set key (+dst_ip) is named in the label but not
-        # packed: the row's ``hll`` or ``vals`` column holds it (at most one per node)
-        carried = [k for k in named if k[:1] in (SKETCH, VALUES)]
+        # a sketch key (~dst_ip) is named in the label but not packed: the row's ``hll``
+        # column holds it (at most one per node)
+        carried = [k for k in named if k[:1] == SKETCH]
         if len(carried) > 1:
-            raise ValueError(f"a node carries at most one sketch or value set, not {carried}")
-        self.sketch = carried[0] if carried and carried[0][0] == SKETCH else None
-        self.values = carried[0] if carried and carried[0][0] == VALUES else None
-        self.keys = tuple(k for k in named if k[:1] not in (SKETCH, VALUES))
+            raise ValueError(f"a node carries at most one sketch, not {carried}")
+        self.sketch = carried[0] if carried else None
+        self.keys = tuple(k for k in named if k[:1] != SKETCH)
         self.kinds = [cat[key_field(k)[0]].kind for k in self.keys]  # src_ip/24: an address
         strings = [k for k, kind in zip(self.keys, self.kinds, strict=True) if kind == STRING]
         if len(strings) > 1:
@@ -95,11 +93,6 @@ class KeyLayout:
         if self.sketch is None:
             return self.keys
         return tuple(sorted({*self.keys, self.sketch[1:]}))
-
-    def value_layout(self) -> KeyLayout | None:
-        """The packing of each value of the value-set field (its one-field key)."""
-        return None if self.values is None else \
-            KeyLayout.parse(self.stream, f"{self.values[1:]}#0")
 
     def offsets(self) -> dict[str, tuple[int, int]]:
         """Each packed key's (first word, words) among the field words."""
@@ -156,7 +149,7 @@ class KeyLayout:
         out[off[row] + width + at - s_off[row]] = s_data[at]
         return _binary(out, off)
 
-    # -- unpacking (the HFTA's driver)
+    # -- unpacking (the HFTA's fan-out, on Spark's executors)
     def decode(self, key: pa.Array) -> tuple[dict[str, pa.Array], np.ndarray]:
         """Key columns (catalogue types, NULL where missing) and the pattern words
         (rows × q_words, uint64) of binary keys."""

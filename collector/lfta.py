@@ -1044,6 +1044,5 @@ class NodeTable:
             else:
                 cols += [pa.nulls(n, pa.int64())] * 3
         cols.append(hll if hll is not None else pa.nulls(n, pa.binary()))
-        cols.append(pa.nulls(n, pa.list_(pa.binary())))  # value sets: made by the pruning
         cols.append(pa.repeat(pa.scalar(probe, pa.string()), n))
         return pa.Table.from_arrays(cols, schema=self.schema)

@@ -84,10 +84,6 @@ class Metrics:
                                    ["stream", "folder"], registry=r)
         self.spool_rows = Counter("flowsieve_spool_rows", "Rows written to the spool",
                                   ["stream", "folder"], registry=r)
-        self.spool_pruned = Counter("flowsieve_spool_rows_pruned",
-                                    "Spool rows of a finite input (replay) left out before "
-                                    "Spark merges them: no query's answer needs them",
-                                    ["stream", "folder"], registry=r)
         self.spool_dropped = Counter("flowsieve_spool_rows_dropped",
                                      "Spool rows (partial aggregates, selected tuples) a live "
                                      "source dropped, by reason (spool_full)",
@@ -166,7 +162,8 @@ class Metrics:
                                      "Windows answered (closed and written)", ["query"],
                                      registry=r)
         self.query_lag = Histogram("flowsieve_query_output_lag_seconds",
-                                   "From a window's end to its answer written", ["query"],
+                                   "From a window's end to its answer written (each "
+                                   "answer job's newest window of the query)", ["query"],
                                    registry=r, buckets=LAG_BUCKETS)
         self.rebuild_seconds = Histogram("flowsieve_rebuild_duration_seconds",
                                          "Plan rebuilds (register, delete, pause, rebuild)",

@@ -7,15 +7,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import closing
 from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from capture.errors import DecodeError
 from capture.netflow import DEFAULT_FLOW_PORTS, Decoder, capture_flows
@@ -24,11 +21,11 @@ from collector import freeze_startup_heap, functions, no_huge_pages, tables
 from collector.config import Settings
 from collector.engine import Engine
 from collector.metrics import Metrics
-from collector.results import Resolve, node_runs, prune_rows
+from collector.results import read_results
 from collector.sampling import TupleSampler
 from collector.selectivity import SelectivityMeter
 from collector.sources import ahead
-from collector.spool import SUFFIXES, TS_US, MemorySpool, Spool, list_files, read_spool_file
+from collector.spool import Spool
 from planner.plan import Plan, build_plan
 from planner.query import Query
 
@@ -39,32 +36,24 @@ from planner.query import Query
 # this many
 AUTO_WORKERS = 4
 MIN_RANGE_BYTES = 64 << 20  # ... each reading at least this much of the file
-# pruning reads a folder's rows a run of windows at a time (every answer is per window), at
-# most this many Arrow bytes of them at once over its threads (all the rows kept in memory
-# fit)...
-PRUNE_CHUNK_BYTES = 512 << 20
-# ... and a window whose rows are more than this is merged whole (pruning takes a few times
-# its rows' bytes)
-PRUNE_MAX_BYTES = 1 << 30
-# with the LFTA off (a row per tuple and node) a folder whose spool files hold more than this
-# is merged whole: pruning there left out little and cost more than it saved (bench_spark's
-# per_tuple mode, 50 queries: 14M rows, 12.8M of them needed, 25.6 s of pruning and 11 GiB
-# against Spark's 8.4 s and 1.4 GiB)
-PRUNE_PER_TUPLE_FILE_BYTES = 64 << 20
-PRUNE_MAX_THREADS = 4  # threads that prune runs of windows at once
-PARQUET_ARROW = 3  # Arrow bytes of a spool file's rows per byte Parquet encodes them in
-# the partial rows replay's own reading keeps in memory for pruning, in Arrow bytes (the attack
-# bench's 1.4M rows: 250 MiB); past it they go to files
-PRUNE_MEMORY_BYTES = 512 << 20
-
 
 class ReplayResult:
-    def __init__(self, plan: Plan, answers: list[tuple[Query, pa.Table]],
+    """What ``replay`` did: its plan, the queries' answers as Spark wrote them under
+    ``results`` (``collector.results`` reads them), the decode error that stopped the input
+    (if any), its metrics and timings, and the processes that read the packets."""
+
+    def __init__(self, plan: Plan, queries: list[Query], results: Path,
                  error: DecodeError | None, metrics: Metrics, timings: dict | None = None,
                  workers: int = 1):
-        self.plan, self.answers, self.error, self.metrics = plan, answers, error, metrics
-        self.timings = timings or {}  # Spark's merge and the driver's answers, seconds
-        self.workers = workers  # processes that read the packets
+        self.plan, self.queries, self.results = plan, queries, results
+        self.error, self.metrics = error, metrics
+        self.timings = timings or {}  # Spark's answer job, seconds
+        self.workers = workers
+
+    @property
+    def answers(self) -> list[tuple[Query, pa.Table]]:
+        """Every query's whole answer, read back (a small one's: the command line streams)."""
+        return [(q, read_results(self.results, q)) for q in self.queries]
 
 
 def _inputs(capture, stream: str, batch_size: int, flow_ports, decoder: Decoder | None):
@@ -201,146 +190,20 @@ def _read_in_parallel(capture, ranges: list[tuple[int, int]], plan: Plan, settin
     return DecodeError(errors[0].pop("reason"), **errors[0]) if errors else None
 
 
-def _warm_up(spark, streams: list[str], only: set[str], sketches: bool,
-             sets: bool) -> threading.Thread:
-    """Spark's first job warms up (class loading, code generation) on the second core while
-    ``replay`` measures, plans and reads the capture; a failure here is left to the real job
-    to report."""
+def _warm_up(spark) -> threading.Thread:
+    """Spark's first answer job warms up (class loading, code generation, its Python workers'
+    imports) on the second core while ``replay`` measures, plans and reads the capture; a
+    failure here is left to the real job to report."""
     from collector.spark.job import warm_up
 
     def run() -> None:
         try:
-            warm_up(spark.result() if isinstance(spark, Future) else spark, streams, only,
-                    sketches=sketches, sets=sets)
+            warm_up(spark.result() if isinstance(spark, Future) else spark)
         except Exception:  # noqa: BLE001, S110 - the real job reports Spark's failures
             pass
     t = threading.Thread(target=run, name="spark-warm-up", daemon=True)
     t.start()
     return t
-
-
-def prune_spool(spool: Spool, stream: str, folder: str, resolve: Resolve,
-                kept: list[pa.Table] = (), per_tuple: bool = False) -> int:
-    """Rewrite an aggregate folder of a finished input (every writer done, every window
-    closed) without the partial rows no answer needs, each row kept with the query bits of
-    the queries that need it (``results.prune_rows``): Spark then merges the rows that
-    matter. ``kept``: the folder's partial rows a ``MemorySpool`` kept in memory, with its
-    files. The rows are pruned a run of windows at a time (``window_chunks``), so a capture
-    whose rows outgrow memory prunes in bounded memory too, and runs are pruned on
-    ``prune_threads()`` threads at once (within the same bytes; a window larger than a
-    thread's share of them is pruned alone); a window of more than
-    ``PRUNE_MAX_BYTES`` is written whole, and so is the folder of rows ``per_tuple`` (the
-    LFTA off) whose files hold more than ``PRUNE_PER_TUPLE_FILE_BYTES``. Returns the rows
-    left out."""
-    files = list_files(spool.root / stream / folder)
-    if per_tuple and sum(f.stat().st_size for f in files) > PRUNE_PER_TUPLE_FILE_BYTES:
-        for t in kept:
-            spool.write(stream, folder, t, "force")
-        return 0
-    sources = [*kept, *files]
-    windows = [_windows(x) for x in sources]
-    threads = prune_threads()
-
-    def prune(chunk: tuple[int, int, float]) -> int:
-        """One run of windows pruned and written; the rows left out."""
-        lo, hi, size = chunk
-        parts = [x if w[0].min() >= lo and w[0].max() <= hi
-                 else _window_rows(x, lo, hi) for x, w in zip(sources, windows, strict=True)
-                 if len(w[0]) and w[0].max() >= lo and w[0].min() <= hi]
-        parts = [read_spool_file(x) if isinstance(x, Path) else x for x in parts]
-        if size > PRUNE_MAX_BYTES:
-            for t in parts:
-                spool.write(stream, folder, t, "force")
-            return 0
-        rows, runs = node_runs(parts)
-        if not rows.num_rows:
-            return 0
-        forced = np.zeros(rows.num_rows, bool)  # punctuation stays
-        forced[slice(*runs.get("", (0, 0)))] = True
-        out = prune_rows(stream, rows, resolve, forced, runs)
-        spool.write(stream, folder, out, "force")
-        return rows.num_rows - out.num_rows
-
-    share = PRUNE_CHUNK_BYTES / threads
-    chunks = window_chunks(windows, share, threads)
-    # a run of one window larger than a thread's share is pruned alone (memory stays bound)
-    alone = [c for c in chunks if c[2] > share]
-    together = [c for c in chunks if c[2] <= share]
-    left_out = sum(map(prune, alone))
-    if threads > 1 and len(together) > 1:
-        with ThreadPoolExecutor(threads, thread_name_prefix="flowsieve-prune") as pool:
-            left_out += sum(pool.map(prune, together))
-    else:
-        left_out += sum(map(prune, together))
-    for f in files:
-        f.unlink()
-    return left_out
-
-
-def prune_threads() -> int:
-    """Threads that prune runs of windows at once: one per core, at most
-    ``PRUNE_MAX_THREADS``. Most of the pruning is numba, Arrow and numpy work that lets go of
-    the GIL (the telemetry bench's rows: 0.28 s on one thread, 0.20 s on two)."""
-    return max(1, min(len(os.sched_getaffinity(0)), PRUNE_MAX_THREADS))
-
-
-def _windows(source: pa.Table | Path) -> tuple[np.ndarray, np.ndarray]:
-    """A folder's rows (a table, or a spool file) per window: the window starts (µs, in
-    order) and the Arrow bytes of their rows."""
-    if isinstance(source, Path):
-        if source.suffix == SUFFIXES["parquet"]:
-            meta = pq.read_metadata(source)
-            # its columns' encoded bytes: about a third of them in Arrow (2.7 on the telemetry
-            # bench's rows; dictionaries and run lengths)
-            nbytes = PARQUET_ARROW * sum(meta.row_group(i).total_byte_size
-                                         for i in range(meta.num_row_groups))
-            ws = pq.read_table(source, columns=["window_start"]).column("window_start")
-        else:
-            t = read_spool_file(source)
-            nbytes, ws = t.nbytes, t.column("window_start")
-    else:
-        nbytes, ws = source.nbytes, source.column("window_start")
-    starts = pc.cast(ws, pa.int64()).to_numpy(zero_copy_only=False)
-    if not len(starts):
-        return starts, starts
-    values, counts = np.unique(starts, return_counts=True)
-    return values, counts * (nbytes / len(starts))
-
-
-def window_chunks(windows: list[tuple[np.ndarray, np.ndarray]], max_bytes: float,
-                  parts: int = 1) -> list[tuple[int, int, float]]:
-    """Runs of consecutive windows (first, last window start, their rows' bytes) of at most
-    ``max_bytes`` each, but at least one window, over every source's ``_windows``; with
-    ``parts``, a run also ends before a window that would take it more than half that
-    window past ``1/parts`` of all the bytes (runs for ``parts`` threads)."""
-    if not windows:
-        return []
-    starts = np.concatenate([w for w, _ in windows])
-    if not len(starts):
-        return []
-    values, at = np.unique(starts, return_inverse=True)
-    size = np.bincount(at, weights=np.concatenate([b for _, b in windows]),
-                       minlength=len(values))
-    out: list[tuple[int, int, float]] = []
-    first, total = 0, 0.0
-    share = float(size.sum()) / parts
-    for i, b in enumerate(size.tolist()):
-        if i > first and (total + b > max_bytes or (parts > 1 and total + b / 2 > share)):
-            out.append((int(values[first]), int(values[i - 1]), total))
-            first, total = i, 0.0
-        total += b
-    out.append((int(values[first]), int(values[-1]), total))
-    return out
-
-
-def _window_rows(source: pa.Table | Path, lo: int, hi: int) -> pa.Table:
-    """A source's rows of the windows ``lo`` to ``hi`` (µs)."""
-    if isinstance(source, Path) and source.suffix == SUFFIXES["parquet"]:
-        return pq.read_table(source, filters=[("window_start", ">=", pa.scalar(lo, TS_US)),
-                                              ("window_start", "<=", pa.scalar(hi, TS_US))])
-    t = read_spool_file(source) if isinstance(source, Path) else source
-    ws = pc.cast(t.column("window_start"), pa.int64())
-    return t.filter(pc.and_(pc.greater_equal(ws, lo), pc.less_equal(ws, hi)))
 
 
 def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.PathLike,
@@ -373,21 +236,12 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     report = progress or (lambda stage, n: None)
     metrics = metrics or Metrics()
     # nothing consumes the spool before the end of the input: a full one is an error
-    spool_args = (work / "spool", settings.spool.max_bytes, "block", 0.0)
-    spool_kw = {"format": settings.spool.format, "probe": settings.probe}
-    # what it keeps in memory counts against the spool's bound too
-    spool = MemorySpool(*spool_args, **spool_kw,
-                        limit=min(PRUNE_MEMORY_BYTES, settings.spool.max_bytes)) \
-        if settings.replay_prune else Spool(*spool_args, **spool_kw)
+    spool = Spool(work / "spool", settings.spool.max_bytes, "block", 0.0,
+                  format=settings.spool.format, probe=settings.probe)
     plan = build_plan(queries, **replay_plan_options(settings))
-    only = {m for qp in plan.queries for m in qp.query.measures}  # what Spark merges
-    sketches = any(qp.query.approx for qp in plan.queries)
-    # the pruning makes a distinct count's rows value sets (results.value_sets)
-    sets = settings.replay_prune and any(qp.query.distinct for qp in plan.queries)
     # Spark's first job warms up from here on, on the core that measuring and planning leave
-    # idle (it needs the queries' streams and measures only, not the plan)
-    warming = _warm_up(spark, plan.streams(), only, sketches, sets) \
-        if settings.spool.format == "parquet" else None
+    # idle
+    warming = _warm_up(spark) if settings.spool.format == "parquet" else None
     if settings.planner.measure_tuples:
         report("measuring", 0)
         plan = measured_plan(capture, queries, plan, spool, settings, flow_ports)
@@ -419,34 +273,21 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
             metrics.decode_errors.labels("replay", e.kind or "input").inc()
         engine.finish()
     folders = [(s, f) for s in plan.streams() for f in plan.folders(s)]
-    timings: dict[str, float] = {}
-    if settings.replay_prune:  # on the driver, while Spark's first job may still warm up
-        report("Spark: leaving out what no answer needs", None)
-        t0 = time.perf_counter()
-        resolve = {qp.slot: qp.query for qp in plan.queries}.get
-        kept = spool.release()
-        for s, f in dict.fromkeys([*folders, *kept]):  # the plan's, and any rows kept
-            if f != "select":
-                metrics.spool_pruned.labels(s, f).inc(
-                    prune_spool(spool, s, f, resolve, kept.get((s, f), []),
-                                per_tuple=not settings.lfta.enabled))
-        timings["prune_s"] = time.perf_counter() - t0
-    report("Spark: merging partial aggregates", None)
+    report("Spark: answering", None)
     t0 = time.perf_counter()
     if isinstance(spark, Future):
         spark = spark.result()
     if warming is not None:
         warming.join()
-    timings["wait_s"] = time.perf_counter() - t0  # for the JVM or its first job
+    timings = {"wait_s": time.perf_counter() - t0}  # for the JVM or its first job
+    slots = {qp.slot: qp.query for qp in plan.queries}
     job = SparkJob(spark, work / "spool", work / "results", work / "checkpoints",
-                   {qp.slot: qp.query for qp in plan.queries}.get, watermark_delay_s, metrics,
-                   spool_format=settings.spool.format, keep_answers=True)
+                   lambda: slots, watermark_delay_s, metrics,
+                   spool_format=settings.spool.format)
     job.timings.update(timings)
     if settings.spool.format == "parquet":
-        job.run_batch(folders, only, sketches, sets)
+        job.run_batch(folders)
     else:  # the Python data source reads Arrow IPC as a stream
         job.run_available_now(folders)
-    t0 = time.perf_counter()
-    answers = [(q, job.answer(q)) for q in queries]  # as written to work/results
-    job.timings["read_results_s"] = time.perf_counter() - t0
-    return ReplayResult(plan, answers, error, metrics, job.timings, max(len(ranges), 1))
+    return ReplayResult(plan, queries, work / "results", error, metrics, job.timings,
+                        max(len(ranges), 1))

@@ -292,14 +292,15 @@ class Collector:
 
     def _start_spark(self) -> None:
         """The Spark session (unless one was given) and the streaming queries of the plan."""
-        from collector.spark.job import SparkJob, build_session, class_archive_path
+        from collector.spark.job import SparkJob
+        from collector.spark.session import build_session, class_archive_path
         s = self.settings
         self.spark = self._spark or build_session(
             s.spark.master, s.spark.driver_memory, s.spark.shuffle_partitions,
             s.spark.state_store == "rocksdb", s.spark.extra,
             class_archive=class_archive_path(s.var_dir) if s.spark.class_archive else None)
         self.job = SparkJob(self.spark, s.spool_dir, s.results_dir, s.checkpoint_dir,
-                            self.query_of_slot, s.spark.watermark_delay_s,
+                            self.slot_queries, s.spark.watermark_delay_s,
                             self.metrics, s.spark.trigger_s, s.spool.format)
         self.job.ensure(self.folders())
 
@@ -492,6 +493,11 @@ class Collector:
     def query_of_slot(self, slot: int) -> Query | None:
         """The registered query (or WITH part) that holds ``slot``, paused ones too."""
         return self._slot_queries.get(slot)
+
+    def slot_queries(self) -> dict[int, Query]:
+        """Every registered query and WITH part by its slot, paused ones too (what Spark's
+        next answer job answers)."""
+        return dict(self._slot_queries)
 
     def plan_versions(self) -> list[dict]:
         """Tuples each recent plan version processed, by source, newest version first: every

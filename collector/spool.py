@@ -40,10 +40,8 @@ def aggregate_schema(stream: str) -> pa.Schema:
             pa.field("cnt", pa.int64())]
     for m in measures(stream):
         cols += [pa.field(f"{agg}_{m.name}", pa.int64()) for agg in ("sum", "min", "max")]
-    # a node with a sketch key (~dst_ip): the row's HyperLogLog sketch (DataSketches, compact);
-    # with a value-set key (+dst_ip): the distinct values of the field in the row's group
-    cols += [pa.field("hll", pa.binary()), pa.field("vals", pa.list_(pa.binary())),
-             pa.field("probe", pa.string())]
+    # a node with a sketch key (~dst_ip): the row's HyperLogLog sketch (DataSketches, compact)
+    cols += [pa.field("hll", pa.binary()), pa.field("probe", pa.string())]
     return pa.schema(cols)
 
 
@@ -305,44 +303,6 @@ class Spool:
         """Every hidden file a writer tagged ``hold`` left (published or not)."""
         return sorted([*self.root.glob(f"*/*/.{hold}.*.held"),
                        *self.root.glob(f"*/*/.{hold}.*.snap")])
-
-
-# what ``MemorySpool.write`` returns for a batch it keeps in memory
-IN_MEMORY = Path("(memory)")
-
-
-class MemorySpool(Spool):
-    """A spool that keeps the partial rows of aggregate folders in memory, as Arrow tables,
-    until ``release``: ``replay`` prunes them there (collector/replay.py ``prune_spool``) and
-    writes the rows Spark needs, instead of writing every row to a file and reading it back
-    (the attack bench's 1.4M rows: 1.5 s). Past ``limit`` bytes it writes what it kept to
-    files and keeps nothing more. Selection folders and held or snapshot files go to files."""
-
-    def __init__(self, *args, limit: int, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.limit = limit
-        self._kept: dict[tuple[str, str], list[pa.Table]] | None = {}
-        self._kept_bytes = 0
-
-    def write(self, stream: str, folder: str, batch: pa.RecordBatch | pa.Table,
-              policy: str | None = None, stop: threading.Event | None = None,
-              waiting: Callable[[float], None] | None = None,
-              hold: str | None = None, kind: str = "held") -> Path | Held | None:
-        if self._kept is None or folder == "select" or hold is not None:
-            return super().write(stream, folder, batch, policy, stop, waiting, hold, kind)
-        table = as_spool_table(stream, folder, batch)
-        self._kept.setdefault((stream, folder), []).append(table)
-        self._kept_bytes += table.nbytes
-        if self._kept_bytes > self.limit:
-            for (s, f), tables in self.release().items():
-                for t in tables:
-                    super().write(s, f, t, "force")
-        return IN_MEMORY
-
-    def release(self) -> dict[tuple[str, str], list[pa.Table]]:
-        """The tables kept, by (stream, folder); every write goes to a file from now on."""
-        kept, self._kept = self._kept or {}, None
-        return kept
 
 
 @dataclass(frozen=True)

@@ -82,10 +82,69 @@ def spark(tmp_path_factory):
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     need(shutil.which("java") is not None, "Java 17 is not installed")
-    from collector.spark.job import build_session
+    from collector.spark.session import build_session
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
     session = build_session("local[2]", driver_memory="1g", shuffle_partitions=2,
                             extra={"spark.sql.warehouse.dir": str(warehouse)},
                             app_name="flowsieve-tests")
     yield session
     session.stop()
+
+
+def many_groups(path: Path, n: int, t0_s: int = 1_700_000_040) -> None:
+    """``n`` UDP packets in one minute from ``t0_s`` (a minute boundary), each its own
+    (source, destination, source port): a window of ``n`` groups."""
+    import numpy as np
+
+    from bench.traces import write_pcap
+    i = np.arange(n)
+    src = np.zeros((n, 16), np.uint8)
+    src[:, 10:12] = 0xFF
+    src[:, 12:] = (0x0A000000 + i // 7).astype(">u4").view(np.uint8).reshape(-1, 4)
+    dst = src.copy()
+    dst[:, 12] = 192
+    write_pcap(path, {
+        "ts_us": t0_s * 1_000_000 + i * (50_000_000 // n), "wirelen": np.full(n, 60),
+        "ipv": np.full(n, 4), "proto": np.full(n, 17), "src": src, "dst": dst,
+        "ttl": np.full(n, 64), "sport": 1024 + i % 7, "dport": np.full(n, 9999),
+        "flags": np.zeros(n, np.int64), "icmp_type": np.zeros(n, np.int64),
+        "qname": np.full(n, -1), "dns_qr": np.zeros(n, np.int64)}, 128)
+
+
+BIG_WINDOW = 4_000_000  # groups in one window (issue 41)
+
+
+@pytest.fixture(scope="session")
+def big_window(tmp_path_factory) -> Path:
+    """A capture whose one minute holds 4 million groups of (source, destination, source
+    port): every packet its own."""
+    path = tmp_path_factory.mktemp("big-window") / "groups.pcap"
+    many_groups(path, BIG_WINDOW)
+    return path
+
+
+class PeakRss:
+    """The peak resident memory of a running process (its kernel's high-water mark, read until
+    it exits)."""
+
+    def __init__(self, pid: int):
+        import threading
+        self.pid, self.peak = pid, 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            try:
+                with open(f"/proc/{self.pid}/status") as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):
+                            self.peak = max(self.peak, int(line.split()[1]) * 1024)
+            except (FileNotFoundError, ProcessLookupError):
+                return
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._t.join()
+        return self.peak

@@ -199,3 +199,11 @@ def packets(path) -> list[dict]:
         for ts, buf in r:
             out.append(fields_of(float(ts), buf, lt))
     return out
+
+
+def rows_of(query, table) -> list[dict]:
+    """An answer table's rows as dicts of the query's own output columns (for comparing with
+    a reference; the answer path itself never makes a Python object per row)."""
+    names = [o.name for o in query.outputs]
+    have = [n for n in names if n in table.column_names]
+    return [{n: r.get(n) for n in names} for r in table.select(have).to_pylist()]

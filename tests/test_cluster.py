@@ -3,7 +3,8 @@ of them in a network namespace that reaches the driver over a veth pair (nothing
 127.0.0.1); a control plane (``role: all``, no source) running the Spark job on that cluster;
 two capture probes (``role: capture``) following their own growing captures into one spool and
 running the queries the control plane publishes there. Every whole window's answers equal a
-``local[*]`` replay of the two captures merged; both workers ran executors; a query deleted at
+``local[*]`` replay of the two captures merged; both workers ran executors, the answer jobs'
+tasks ran on both (Spark's event log) and wrote the results files; a query deleted at
 the control plane gives its slot back once both probes run without it; a probe refuses to
 register queries, and a daemon refuses to start under a probe name in use."""
 
@@ -20,13 +21,14 @@ import sys
 import time
 
 import httpx
+import pyarrow.parquet as pq
 import pytest
 
 from collector.config import Settings
 from collector.replay import replay
-from collector.results import rows_of
 from planner.query import parse_single
 from tests.conftest import ROOT, need
+from tests.reference import rows_of
 from tests.test_daemon import free_port, wait_for
 from tests.test_hot_swap import PERIOD, Feeder, answers, whole_windows
 
@@ -98,6 +100,24 @@ def netns():
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
+def answer_task_hosts(events) -> dict[int, str]:
+    """From Spark's event log: every task of the answer jobs (their description) by task id,
+    with the host of the executor that ran it."""
+    stages, hosts = set(), {}
+    for log in (p for p in events.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        for line in log.read_text().splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:  # the last line of a log its JVM was still writing
+                continue
+            if e["Event"] == "SparkListenerJobStart" and (e.get("Properties") or {}).get(
+                    "spark.job.description", "").startswith("flowsieve answers"):
+                stages.update(e["Stage IDs"])
+            elif e["Event"] == "SparkListenerTaskEnd" and e["Stage ID"] in stages:
+                hosts[e["Task Info"]["Task ID"]] = e["Task Info"]["Host"]
+    return hosts
+
+
 def merge_pcaps(paths, out) -> None:
     """The records of several classic pcap files (one link type) in time order."""
     records = []
@@ -137,12 +157,15 @@ def test_two_probes_one_spool_one_spark_cluster(tmp_path, netns, spark):
         return p
 
     spool, checkpoints = tmp_path / "spool", tmp_path / "checkpoints"
+    results, events = tmp_path / "results", tmp_path / "events"  # shared by the workers
+    events.mkdir()
     control_port = free_port()
     (tmp_path / "control.yaml").write_text(f"""
 role: all
 var_dir: {tmp_path / 'control'}
 api: {{host: 127.0.0.1, port: {control_port}}}
 spool: {{path: {spool}}}
+results: {{path: {results}}}
 spark:
   master: spark://{HOST}:{master_port}
   driver_memory: 1g
@@ -151,7 +174,9 @@ spark:
   watermark_delay_s: {2 * PERIOD}
   checkpoint_dir: {checkpoints}
   extra: {{spark.driver.host: {HOST}, spark.driver.bindAddress: {HOST},
-          spark.executor.memory: 512m, spark.executor.cores: "1", spark.cores.max: "2"}}
+          spark.executor.memory: 512m, spark.executor.cores: "1", spark.cores.max: "2",
+          spark.eventLog.enabled: "true", spark.eventLog.dir: "file://{events}",
+          spark.eventLog.compress: "false", spark.eventLog.rolling.enabled: "false"}}
 initial_queries: null
 sources: []
 """)
@@ -271,6 +296,16 @@ sources:
                 p.wait()
         for log in logs:
             log.close()
+
+    # Spark's event log: the answer jobs' tasks ran on both workers, and each part file of the
+    # results was written by one of those tasks (its footer names it)
+    hosts = answer_task_hosts(events)
+    assert set(hosts.values()) == {HOST, PEER}, hosts
+    writers = set()
+    for part in results.glob("query=*/part-*.parquet"):
+        meta = pq.read_metadata(part).metadata
+        writers.add(hosts[int(meta[b"flowsieve.task"])])
+    assert writers == {HOST, PEER}, writers
 
     # the oracle: both captures merged, replayed alone in local[*]
     merge_pcaps([tmp_path / "a.pcap", tmp_path / "b.pcap"], tmp_path / "both.pcap")

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 
 import dpkt
 import httpx
@@ -22,9 +23,9 @@ from scapy.utils import RawPcapReader
 
 from collector.config import Settings
 from collector.replay import replay
-from collector.results import rows_of
 from planner.query import parse_single
 from tests.conftest import capture
+from tests.reference import rows_of
 from tests.test_daemon import daemon_config, metric, start_daemon, stop_daemon, wait_for
 
 pytestmark = pytest.mark.slow
@@ -100,11 +101,20 @@ class Feeder(threading.Thread):
 
 
 def answers(client: httpx.Client, name: str) -> tuple[list[dict], float]:
+    """A query's rows over REST (its output columns: the window's start and end, which every
+    row also carries, checked against its bucket) and the time before which they are
+    complete."""
     r = client.get(f"/queries/{name}/results", params={"order": "oldest", "limit": 100_000})
     r.raise_for_status()
     body = r.json()
     assert body["next_cursor"] is None
-    return body["rows"], body["complete_before"]
+    rows = []
+    for row in body["rows"]:
+        start = datetime.fromisoformat(row.pop("window_start")).timestamp()
+        end = datetime.fromisoformat(row.pop("window_end")).timestamp()
+        assert start == row["t"] * (end - start), row
+        rows.append(row)
+    return rows, body["complete_before"]
 
 
 def whole_windows(rows: list[dict], since: float, before: float, period: int = PERIOD

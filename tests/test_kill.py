@@ -23,10 +23,10 @@ import httpx
 import pytest
 
 from collector.replay import replay
-from collector.results import rows_of
 from planner.query import parse_queries
 from tests.capture.test_netflow import HEX
 from tests.flowtools import read_hex
+from tests.reference import rows_of
 from tests.test_daemon import daemon_config, metric, start_daemon, stop_daemon, wait_for
 from tests.test_deploy import v5_now
 from tests.test_hot_swap import PERIOD, Feeder, answers, whole_windows
@@ -193,3 +193,60 @@ def test_killed_daemon_answers_every_window_once(tmp_path, spark):
         assert w and whole_windows(got[name], 0, last) == w, name
     # every packet written is counted once
     assert sum(r["n"] for r in got["all5s"]) == feeder.written
+
+
+def test_jvm_killed_while_it_logs_its_first_batch_resumes_by_itself(tmp_path, spark):
+    """Spark logs a micro-batch's offsets in a hidden temporary file that it then renames; a JVM
+    killed while the first batch's file exists left it behind, and every later start of that
+    query failed (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``) for good. The JVM is killed
+    right there (the file seen, nothing renamed yet): the daemon starts a new JVM, the query
+    starts again by itself, and every window is answered exactly."""
+    queries = "\n".join(QUERIES.strip().split("\n")[:5])  # the two packet queries
+    cfg, port = daemon_config(tmp_path, [
+        f"{{type: pcap, name: traffic, path: {tmp_path / 'traffic.pcap'}, follow: true}}"],
+        queries)
+    offsets = tmp_path / "var" / "checkpoints" / "packets" / str(PERIOD) / "offsets"
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+    log = open(tmp_path / "daemon.log", "a")
+    feeder = Feeder(tmp_path / "traffic.pcap", per_tick=20)
+    proc = start_daemon(cfg, log)
+    hit = None
+    try:
+        feeder.start()
+        deadline = time.monotonic() + 240
+        while hit is None and time.monotonic() < deadline:  # the JVM's first batch's log
+            try:
+                names = os.listdir(offsets)
+            except FileNotFoundError:
+                continue
+            if "0" in names:
+                break  # renamed before this loop saw its temporary file: not the hole
+            tmp = [n for n in names if n.startswith(".0.") and n.endswith(".tmp")]
+            if tmp:
+                for jvm in [p for p in children(proc.pid) if comm(p) == "java"]:
+                    os.kill(jvm, signal.SIGKILL)
+                hit = tmp[0]
+        assert hit is not None, "the first batch's offset log was never caught being written"
+        assert hit in os.listdir(offsets) and "0" not in os.listdir(offsets)  # the leftover
+        wait_for(lambda: metric(client.get("/metrics").text,
+                                "flowsieve_spark_jvm_restarts_total") == 1, 120, "a new JVM")
+        wait_for(lambda: client.get("/readyz").status_code == 200, 240, "Spark again")
+        time.sleep(2 * PERIOD)
+        feeder.stop.set()
+        feeder.join(10)
+        last = (int(time.time()) // PERIOD + 1) * PERIOD
+        wait_for(lambda: (answers(client, "all5s")[1] or 0) >= last, 240,
+                 "every window answered")
+        got = {name: answers(client, name)[0] for name in ("all5s", "udp_src")}
+    finally:
+        feeder.stop.set()
+        client.close()
+        stop_daemon(proc)
+        log.close()
+    res = replay(tmp_path / "traffic.pcap", parse_queries(queries), tmp_path / "replay", spark)
+    assert res.error is None
+    want = {q.name: rows_of(q, t) for q, t in res.answers}
+    for name in ("all5s", "udp_src"):
+        w = whole_windows(want[name], 0, last)
+        assert w and whole_windows(got[name], 0, last) == w, name
+    assert sum(r["n"] for r in got["all5s"]) == feeder.written  # every packet once

@@ -14,9 +14,8 @@ import pytest
 from bench.telemetry.attacks import COLUMNS, capture, expected_keys, frame, truth
 from collector.config import Settings
 from collector.replay import replay
-from collector.results import rows_of
 from planner.query import parse_queries
-from tests.reference import packets
+from tests.reference import packets, rows_of
 from tests.test_daemon import daemon_config, start_daemon, stop_daemon, wait_for
 
 pytestmark = pytest.mark.slow

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import csv
-import io
+import json
 from datetime import datetime
 from typing import Annotated, Literal
 
-import pyarrow.parquet as pq
 from fastapi import APIRouter, HTTPException, Query, Response, status
 from pydantic import BaseModel, Field
 
 from api.deps import CollectorDep
+from api.formats import columns as printed_columns
+from api.formats import csv_header, csv_rows, json_lines, parquet_bytes
 from collector.registry import QueryExists
-from collector.results import CursorError, page, rows_of
+from collector.results import CursorError, page, page_windows
 from planner.query import QueryError
 
 router = APIRouter(prefix="/queries", tags=["queries"])
@@ -148,27 +148,28 @@ def query_results(
         raise HTTPException(404, "query not found")
     q = found[0]
     complete = c.complete_before(q)  # read first: the rows read next include all before it
+    start_s = start.timestamp() if start else None
+    end_s = end.timestamp() if end else None
     try:
-        table, nxt = page(c.results(name, windows),
-                          start.timestamp() if start else None,
-                          end.timestamp() if end else None, order == "newest", limit, cursor)
+        # only the windows this page can reach are read (their sizes from the files' footers)
+        table = page_windows(c.settings.results_dir, q, start_s, end_s, order == "newest",
+                             limit, cursor, windows)
+        table, nxt = page(table, start_s, end_s, order == "newest", limit, cursor)
     except CursorError as e:
         raise HTTPException(400, str(e)) from e
     headers = {"X-Next-Cursor": nxt} if nxt else {}
     if complete is not None:
         headers["X-Complete-Before"] = f"{complete:.3f}"
-    if format == "parquet":  # the answer table as written, no row conversion
-        buf = io.BytesIO()
-        pq.write_table(table, buf)
-        return Response(buf.getvalue(), media_type=PARQUET, headers={
+    if format == "parquet":  # the answer table as Spark wrote it, no row conversion
+        return Response(parquet_bytes(table), media_type=PARQUET, headers={
             **headers, "Content-Disposition": f'attachment; filename="{name}.parquet"'})
-    rows = rows_of(q, table)
-    columns = [o.name for o in q.outputs]
+    names = printed_columns(q)
     if format == "csv":
-        out = io.StringIO()
-        w = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-        return Response(out.getvalue(), media_type="text/csv", headers=headers)
-    return ResultsPublic(name=name, columns=columns, rows=rows, next_cursor=nxt,
-                         complete_before=complete)
+        return Response(csv_header(names) + csv_rows(table, names), media_type="text/csv",
+                        headers=headers)
+    # JSON written from the columns (no object per row): ResultsPublic's shape
+    rows = json_lines(table, names, end=",")[:-1]
+    body = (f'{{"name":{json.dumps(name)},"columns":{json.dumps(names)},"rows":['.encode()
+            + rows + f'],"next_cursor":{json.dumps(nxt)},'
+            f'"complete_before":{json.dumps(complete)}}}'.encode())
+    return Response(body, media_type="application/json")

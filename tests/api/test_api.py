@@ -41,8 +41,8 @@ def test_register_rebuilds_plan(client):
     assert {"src_port = 53", "wirelen > 512"} <= texts
     assert client.get("/queries/dns_big").json()["name"] == "dns_big"
     assert client.get("/queries/dns_big/results").json() == {
-        "name": "dns_big", "columns": ["t", "n"], "rows": [], "next_cursor": None,
-        "complete_before": None}
+        "name": "dns_big", "columns": ["t", "n", "window_start", "window_end"], "rows": [],
+        "next_cursor": None, "complete_before": None}
 
 
 def test_errors(client):

@@ -14,7 +14,6 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from collector.config import load_settings
-from collector.results import write_results
 from collector.service import Collector
 
 SQL = ("SELECT time/60 AS t, protocol, count(*) AS n FROM packets "
@@ -33,13 +32,28 @@ def answers(windows: range) -> pa.Table:
         "n": pa.array([n for _, _, n in rows], pa.int64())})
 
 
+def write_results(root, name: str, table: pa.Table, job: str) -> None:
+    """Answers as Spark's answer task writes them: a part per job, a row group per window
+    (collector/spark/write.py)."""
+    import pyarrow.compute as pc
+
+    from collector.spark.write import PartWriter
+    us = pc.cast(table.column("window_start"), pa.int64())
+    table = table.append_column("window_end", pc.cast(pc.add(us, 60_000_000),
+                                                      table.schema.field("window_start").type))
+    w = PartWriter(root, name, f"part-{job}.parquet", table.schema)
+    for start in sorted(pc.unique(us).to_pylist()):  # in the query's order: n DESC
+        w.write(table.filter(pc.equal(us, start)).sort_by([("n", "descending")]))
+    w.close()
+
+
 @pytest.fixture
 def client(tmp_path):
     c = Collector(load_settings(var_dir=tmp_path / "var", initial_queries=None))
     c.start(with_sources=False, with_spark=False)
     with TestClient(create_app(c)) as client:
         assert client.post("/queries", json={"name": "proto", "sql": SQL}).status_code == 201
-        write_results(c.settings.results_dir, "proto", "packets-60-0000000001", answers(range(5)))
+        write_results(c.settings.results_dir, "proto", answers(range(5)), "1")
         yield c, client
     c.stop()
 
@@ -78,8 +92,7 @@ def test_time_range_and_new_windows_between_pages(client):
     assert {x["t"] - T0 // 60 for x in r.json()["rows"]} == {1, 2, 3, 4}
     first = c.get("/queries/proto/results", params={"limit": 5}).json()
     # two newer windows close while the client pages: the rest of its walk is unchanged
-    write_results(col.settings.results_dir, "proto", "packets-60-0000000002",
-                  answers(range(5, 7)))
+    write_results(col.settings.results_dir, "proto", answers(range(5, 7)), "2")
     rest = walk(c, limit=5, cursor=first["next_cursor"])
     rows = first["rows"] + [x for p in rest for x in p]
     assert [(x["t"] - T0 // 60, x["protocol"]) for x in rows] == \
@@ -91,8 +104,10 @@ def test_csv_parquet_and_bad_cursors(client):
     r = c.get("/queries/proto/results", params={"format": "csv", "limit": 4})
     assert r.headers["content-type"].startswith("text/csv")
     got = list(csv.DictReader(io.StringIO(r.text)))
-    assert list(got[0]) == ["t", "protocol", "n"] and len(got) == 4
-    assert got[0] == {"t": str(T0 // 60 + 4), "protocol": "17", "n": "34"}
+    assert list(got[0]) == ["t", "protocol", "n", "window_start", "window_end"]
+    assert len(got) == 4
+    assert got[0] == {"t": str(T0 // 60 + 4), "protocol": "17", "n": "34",
+                      "window_start": "2023-11-14T22:18:00Z", "window_end": "2023-11-14T22:19:00Z"}
     assert r.headers["x-next-cursor"]
     r = c.get("/queries/proto/results", params={"format": "parquet"})
     assert r.headers["content-disposition"] == 'attachment; filename="proto.parquet"'

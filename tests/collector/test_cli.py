@@ -150,11 +150,11 @@ def test_replay_spool_over_its_bound_is_one_line(tmp_path):
 def test_spark_reason_of_an_out_of_memory_error():
     """A JVM OutOfMemoryError (as Py4J's error text carries it) becomes advice on driver
     memory; an error that is not Spark's is left alone."""
-    from api.cli import spark_reason
+    from collector.spark.session import failure_reason
     e = RuntimeError("An error occurred while calling o123.collectToPython.\n"
                      ": java.lang.OutOfMemoryError: Java heap space\n\tat java.base/...")
-    assert "ran out of memory" in spark_reason(e) and "driver_memory" in spark_reason(e)
-    assert spark_reason(ValueError("not Spark's")) is None
+    assert "ran out of memory" in failure_reason(e) and "driver_memory" in failure_reason(e)
+    assert failure_reason(ValueError("not Spark's")) is None
 
 
 def test_missing_java_is_one_line(tmp_path):

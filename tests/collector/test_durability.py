@@ -15,13 +15,14 @@ import pytest
 from collector.config import Settings
 from collector.durability import Checkpoint
 from collector.engine import Engine
-from collector.results import finalize, project_selection, query_partials, rows_of, selection_parts
+from collector.results import project
 from collector.sources import PcapFileSource
+from collector.spark.derive import Folder, answer_locally
 from collector.spool import Held, Spool, list_files
 from planner.plan import build_plan
 from planner.query import parse_queries
 from tests.collector.test_lfta_pipeline import spread
-from tests.reference import packets
+from tests.reference import packets, rows_of
 
 QUERIES = """
 SELECT time/5 AS t, src_ip, count(*) AS n, sum(wirelen) AS b FROM packets GROUP BY time/5, src_ip;
@@ -35,21 +36,18 @@ class Killed(Exception):
 
 def answers(spool_root, plan) -> dict:
     """What Spark would answer from every visible spool file (partials merge in any order)."""
-    slots = {qp.slot: qp.query for qp in plan.queries}
+    slots = tuple((qp.slot, qp.query) for qp in plan.queries)
     out = {}
     for folder in sorted(p for p in spool_root.glob("packets/*") if p.is_dir()):
         files = list_files(folder)
         if not files:
             continue
         table = pa.concat_tables([pq.read_table(f) for f in files])
-        if folder.name == "select":
-            for q, part in selection_parts(table, slots.get):
-                out[q.name] = Counter(tuple(sorted(r.items()))
-                                      for r in rows_of(q, project_selection(q, part)))
-        else:
-            for q, part in query_partials("packets", table, slots.get):
-                out[q.name] = Counter(tuple(sorted(r.items()))
-                                      for r in rows_of(q, finalize(q, part)))
+        spec = Folder("packets", folder.name, tuple((s, q) for s, q in slots
+                                                    if q.folder == folder.name))
+        for name, rows in answer_locally(table, spec).items():
+            q = next(q for _, q in slots if q.name == name)
+            out[name] = Counter(tuple(sorted(r.items())) for r in rows_of(q, project(q, rows)))
     return out
 
 

@@ -161,7 +161,7 @@ def test_a_file_offers_a_predicate(tmp_path):
 
 def test_replay_answers_a_query_calling_one(tmp_path, spark):
     from collector.replay import replay
-    from collector.results import rows_of
+    from tests.reference import rows_of
     q = parse_single("SELECT time/60 AS t, count(*) AS n FROM packets WHERE "
                      "is_private(src_ip) GROUP BY time/60", "private_sources")
     res = replay(capture("ok.pcap"), [q], tmp_path / "work", spark,

@@ -16,7 +16,7 @@ from capture.unpack import unpack
 from collector.config import LftaConfig
 from collector.keys import KeyLayout
 from collector.lfta import NodeTable
-from collector.results import query_partials
+from collector.spark.derive import Folder, fan_out
 from planner.query import parse_queries
 from planner.slots import slot_mask
 from tests.conftest import capture
@@ -71,13 +71,17 @@ def test_query_partials_give_each_query_its_tuples():
         Q[tb.column("dst_port") == 53] |= slot_mask([70], 2)
         spooled += node.add(tb, Q, 0, 1, "probe")
     table = pa.concat_tables(spooled)
-    answers = {q.name: t for q, t in query_partials("packets", table,
-                                                    {3: qs[0], 70: qs[1]}.get)}
-    assert set(answers) == {"q1", "q2"}
+    folder = Folder("packets", "60", ((3, qs[0]), (70, qs[1])))
+    fanned = pa.Table.from_batches(list(fan_out(folder, iter(table.select(
+        folder.columns).to_batches()))))
+    assert folder.keys == ["src_ip", "dns_qname"]
+    assert fanned.column_names[:5] == ["g", "q", "window_start", "k0", "k1"]
+    assert "sum_wirelen" not in fanned.column_names  # count(*) reads no measure
     udp = Counter(p["src_ip"] for p in ref if p["protocol"] == 17)
     dns = Counter((p["src_ip"], p["dns_qname"]) for p in ref if p["dst_port"] == 53)
-    a, b = answers["q1"], answers["q2"]
-    assert a.column_names == ["window_start", "src_ip", "cnt"]  # count(*) reads no measure
-    assert Counter(ip_text(v) for v in a.column("src_ip").to_pylist()) == udp
-    assert Counter(zip(map(ip_text, b.column("src_ip").to_pylist()),
-                       b.column("dns_qname").to_pylist(), strict=True)) == dns
+    got: dict[int, Counter] = {3: Counter(), 70: Counter()}
+    for r in fanned.to_pylist():  # each row counts its tuples for its query's keys
+        key = ip_text(r["k0"]) if r["q"] == 3 else (ip_text(r["k0"]), r["k1"])
+        got[r["q"]][key] += r["cnt"]
+    assert got[3] == udp
+    assert got[70] == dns

@@ -299,7 +299,7 @@ def test_hll_sketches_within_their_bound(spec, seed, lg_k):
 
     from collector.keys import KeyLayout
     from collector.lfta import sketch_rows
-    from collector.results import estimates
+    from collector.spark.answers import estimates
     rng = np.random.default_rng(seed)
     table, spool = KeyLayout("packets", ("dst_port", "protocol"), 1), \
         KeyLayout("packets", ("protocol", "~dst_port"), 1)

@@ -18,14 +18,14 @@ from collector.config import Settings, data_file
 from collector.engine import Engine
 from collector.metrics import Metrics
 from collector.replay import replay
-from collector.results import read_results, rows_of
+from collector.results import read_results
 from collector.spark.job import SparkJob
 from collector.spool import Spool
 from planner.plan import build_plan
 from planner.query import parse_queries
 from tests.collector.test_replay import WHERE
 from tests.conftest import capture
-from tests.reference import fields_of
+from tests.reference import fields_of, rows_of
 
 pytestmark = pytest.mark.slow
 
@@ -127,7 +127,7 @@ def two_daemons(spark, tmp_path, plan, path) -> list[Engine]:
         e.finish()
     slots = {qp.slot: qp.query for qp in plan.queries}
     job = SparkJob(spark, tmp_path / "spool", tmp_path / "results", tmp_path / "checkpoints",
-                   slots.get, 5)
+                   lambda: slots, 5)
     job.run_available_now([(s, f) for s in plan.streams() for f in plan.folders(s)])
     return engines
 
@@ -188,7 +188,7 @@ def test_om_switches_plans_at_window_boundaries_and_answers_stay_right(spark, tm
     assert metrics.lfta_flushes.labels("packets", "window")._value.get() > 0
     slots = {qp.slot: qp.query for qp in plan.queries}
     job = SparkJob(spark, tmp_path / "spool", tmp_path / "results", tmp_path / "checkpoints",
-                   slots.get, 5)
+                   lambda: slots, 5)
     job.run_available_now([(s, f) for s in plan.streams() for f in plan.folders(s)])
     want: dict = {"by_proto": defaultdict(lambda: [0, 0]), "udp_ports": defaultdict(
         lambda: [0, 0])}
@@ -237,7 +237,7 @@ def test_two_daemons_sketches_unite_in_the_streaming_merge(spark, tmp_path):
     sketch per group, Spark's streaming merge unites them (its own branch of the merge, apart
     from the hash aggregation of the other rows), and the estimate equals the exact distinct
     count over both daemons' packets (these sets are small: HLL counts them exactly)."""
-    from collector.results import rows_of
+    from tests.reference import rows_of
     path, _ = spread(tmp_path, "ok.pcap", 0.5)
     queries = parse_queries("""
 -- name: approx

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from collections import defaultdict
+from datetime import UTC, datetime, timedelta
 
 import dpkt
 import pytest
@@ -18,10 +19,9 @@ from scapy.utils import RawPcapReader
 from collector.config import Settings, data_file
 from collector.metrics import Metrics
 from collector.replay import replay
-from collector.results import rows_of
 from planner.query import parse_queries
 from tests.conftest import ROOT, capture
-from tests.reference import packets
+from tests.reference import packets, rows_of
 
 pytestmark = pytest.mark.slow
 
@@ -62,17 +62,15 @@ def test_replay_q123_equals_dpkt(name, spark, tmp_path):
     assert not list((tmp_path / "spool" / "packets" / "60").glob("*.arrow"))
 
 
-@pytest.mark.parametrize("prune", [True, False])
-def test_replay_in_parallel_equals_dpkt(prune, spark, tmp_path):
+def test_replay_in_parallel_equals_dpkt(spark, tmp_path):
     """Three processes read three byte ranges of one file into one spool (each its own probe,
     engine and LFTA); Spark merges their partials of the same window: dpkt's answers, and
-    every packet counted once, with the rows no answer needs left out or not."""
+    every packet counted once."""
     path = capture("wikipedia.pcap")
     queries = parse_queries(open(data_file("example.sql")).read())
     metrics = Metrics()
     res = replay(path, queries, tmp_path, spark, metrics=metrics,
-                 settings=Settings(initial_queries=None, replay_workers=3,
-                                   replay_prune=prune))
+                 settings=Settings(initial_queries=None, replay_workers=3))
     assert res.error is None and res.workers == 3
     ref = reference(path)
     for q, table in res.answers:
@@ -80,9 +78,8 @@ def test_replay_in_parallel_equals_dpkt(prune, spark, tmp_path):
                for r in rows_of(q, table)}
         assert len(got) == table.num_rows and got == ref[q.name], q.name
     assert metrics.packets_in.labels("replay")._value.get() == len(packets(path))
-    if not prune:  # (else replay rewrote each folder as one file of the rows answers need)
-        probes = {f.name.split(".")[1] for f in (tmp_path / "spool").rglob("*.parquet")}
-        assert probes <= {"flowsieve_0", "flowsieve_1", "flowsieve_2"}
+    probes = {f.name.split(".")[1] for f in (tmp_path / "spool").rglob("*.parquet")}
+    assert probes <= {"flowsieve_0", "flowsieve_1", "flowsieve_2"}
 
 
 def test_replay_in_parallel_stops_where_the_file_does(spark, tmp_path):
@@ -128,7 +125,12 @@ def test_replay_command_csv(tmp_path):
     out = replay_command(path, "csv")
     assert out.returncode == 0, out.stderr[-2000:]
     rows = list(csv.DictReader(io.StringIO(out.stdout)))
-    assert list(rows[0]) == ["query", "t", "src_ip", "dst_ip", "bytes", "pkts"]
+    assert list(rows[0]) == ["query", "t", "src_ip", "dst_ip", "bytes", "pkts", "window_start",
+                             "window_end"]
+    for r in rows:  # every row carries its window's start and end, in UTC
+        start = datetime.fromisoformat(r["window_start"])
+        assert start.timestamp() == int(r["t"]) * 60 and start.utcoffset() == timedelta(0)
+        assert datetime.fromisoformat(r["window_end"]) - start == timedelta(seconds=60)
     ref = reference(path)
     got = defaultdict(dict)
     for r in rows:
@@ -156,8 +158,11 @@ def test_replay_corrupt_capture_answers_what_was_read(tmp_path):
         assert next(iter(dpkt.pcap.Reader(a))) == next(iter(dpkt.pcap.Reader(b)))
     first = packets(ok)[0]
     wirelen = next(iter(RawPcapReader(str(ok))))[1].wirelen
+    start = datetime.fromtimestamp(first["time"] // 60 * 60, UTC)
     want = [{"query": q, "t": first["time"] // 60, "src_ip": first["src_ip"],
-             "dst_ip": first["dst_ip"], "bytes": wirelen, "pkts": 1}
+             "dst_ip": first["dst_ip"], "bytes": wirelen, "pkts": 1,
+             "window_start": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
+             "window_end": (start + timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")}
             for q, where in WHERE.items() if where(first)]
     assert want
     assert [json.loads(line) for line in out.stdout.splitlines()] == want
@@ -345,8 +350,11 @@ FROM packets WHERE regexp(dns_an_name, '.') GROUP BY time/10, dns_an_name, dns_a
         {k: (distinct(v, "dst_ip"), distinct(v, "dst_port"), len(v), sum(w for _, w in v))
          for k, v in fanout.items()}
     assert len({k[0] for k in fanout}) >= 4, "several windows"
-    # Spark's batch job wrote each query's windows as one part, not a file per window
-    assert len(list((tmp_path / "results" / "fanout").glob("*.parquet"))) == 1
+    # the answer task wrote the query's windows into one part, a row group per window
+    from collector.results import part_files, windows
+    q = next(q for q in queries if q.name == "fanout")
+    assert [p.name for p in part_files(tmp_path / "results", "fanout")] == ["part-replay.parquet"]
+    assert windows(tmp_path / "results", q) == sorted({k[0] * 10_000_000 for k in fanout})
     # HyperLogLog below its exact-list threshold counts these small sets exactly
     assert {(r["t"], r["src_ip"]): (r["dsts"], r["n"], r["bytes"])
             for r in got["fanout_approx"]} == \

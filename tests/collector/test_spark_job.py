@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import time
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from prometheus_client import generate_latest
@@ -18,8 +17,8 @@ from collector.config import Settings, data_file
 from collector.engine import Engine
 from collector.metrics import Metrics
 from collector.results import read_results
-from collector.spark.job import BYPASS_PARTIAL, CODEGEN, SparkJob, batch_merge, warm_up
-from collector.spool import Spool, list_files, null_columns, schema_for, spark_ddl
+from collector.spark.job import SparkJob, warm_up
+from collector.spool import Spool, list_files
 from planner.plan import build_plan
 from planner.query import parse_queries
 from tests.collector.test_lfta_pipeline import answers_of, reference, spread
@@ -65,8 +64,8 @@ def test_unreadable_spool_file_is_skipped(spark, tmp_path, fmt):
     whole = reference(recs)
     metrics = Metrics()
     slots = {qp.slot: qp.query for qp in plan.queries}
-    job = SparkJob(spark, tmp_path / "spool", tmp_path / "results", tmp_path / "ck", slots.get,
-                   1, metrics, spool_format=fmt)
+    job = SparkJob(spark, tmp_path / "spool", tmp_path / "results", tmp_path / "ck",
+                   lambda: slots, 1, metrics, spool_format=fmt)
     job.run_available_now([(s, f) for s in plan.streams() for f in plan.folders(s)])
     if fmt == "arrow":
         assert spool.quarantined() == 1
@@ -91,8 +90,8 @@ def test_failed_query_is_reported_and_restarted(spark, tmp_path):
     results.write_text("not a folder")
     metrics = Metrics()
     slots = {qp.slot: qp.query for qp in plan.queries}
-    job = SparkJob(spark, tmp_path / "spool", results, tmp_path / "ck", slots.get, 1, metrics,
-                   trigger_s=0.5)
+    job = SparkJob(spark, tmp_path / "spool", results, tmp_path / "ck", lambda: slots, 1,
+                   metrics, trigger_s=0.5)
     try:
         job.start("packets", "60")
 
@@ -147,20 +146,21 @@ def test_spark_merges_the_sketches_python_writes(spark):
 
 
 def test_a_batch_run_again_replaces_its_windows_answers(spark, tmp_path):
-    """Spark runs a batch again after a restart (another batch id, the same windows): each
-    window's answer is written once per query, so the second run replaces the first and the
-    answers still equal dpkt's, no row twice."""
+    """Spark runs a batch again after a restart (the batch id its offset log holds, the same
+    windows): its job writes each query's part under the same name, so the second run
+    replaces the first and the answers still equal dpkt's, no row twice."""
     from collector.spark.job import merge_partials
     path, recs = spread(tmp_path, "ok.pcap", 0.5)
     plan, spool = spooled(tmp_path, path)
     slots = {qp.slot: qp.query for qp in plan.queries}
     results = tmp_path / "results"
-    job = SparkJob(spark, tmp_path / "spool", results, tmp_path / "ck", slots.get, 1, Metrics())
+    job = SparkJob(spark, tmp_path / "spool", results, tmp_path / "ck", lambda: slots, 1,
+                   Metrics())
     merged = merge_partials(spark.read.parquet(str(spool.folder("packets", "60"))), "packets",
-                            None).toArrow()
-    job.write_answers("packets", "60", merged, 3)
+                            None)
+    job._answer(merged, "packets", "60", "run-00000003")
     first = {qp.query.name: read_results(results, qp.query).num_rows for qp in plan.queries}
-    job.write_answers("packets", "60", merged, 9)
+    job._answer(merged, "packets", "60", "run-00000003")
     pairs = [(qp.query, read_results(results, qp.query)) for qp in plan.queries]
     assert {q.name: t.num_rows for q, t in pairs} == first
     assert answers_of(pairs) == reference(recs)
@@ -206,151 +206,16 @@ def test_the_spool_reader_takes_files_in_any_order(tmp_path):
     assert [p.name for p in list_files(folder)] == [f"{4:016d}.a.arrow"]
 
 
-def test_an_interpreted_batch_merge_runs_no_generated_code(spark, tmp_path):
-    """``batch_merge(interpreted=True)`` takes effect: the merge's physical plan has no
-    whole-stage generated code (Spark marks such operators ``*(n)``), and gives the merge of
-    generated code."""
-    from collector.spark.job import merge_partials
-
-    schema = schema_for("packets", "60")
-    rows = pa.Table.from_arrays(null_columns(schema, 3, {
-        "window_start": pa.array([0, 0, 60_000_000], pa.timestamp("us", "UTC")),
-        "node": pa.array(["n"] * 3), "key": pa.array([b"a", b"a", b"b"]),
-        "cnt": pa.array([2, 3, 4], pa.int64())}), schema=schema)
-    path = tmp_path / "rows.parquet"
-    pq.write_table(rows, path)
-    df = spark.read.schema(spark_ddl(schema)).parquet(str(path))
-    got = {}
-    for interpreted in (False, True):
-        with batch_merge(spark, interpreted=interpreted):
-            merged = merge_partials(df, "packets", None, ["wirelen"])
-            got[interpreted] = sorted((r["key"], r["cnt"]) for r in merged.collect())
-            plan = merged._jdf.queryExecution().executedPlan().toString()  # after AQE's run
-            assert "isFinalPlan=true" in plan
-            assert ("*(" in plan) is not interpreted
-    assert got[True] == got[False] == [(b"a", 5), (b"b", 4)]
-
-
-def test_a_small_merge_runs_without_a_shuffle(spark, tmp_path):
-    """A small batch merge (``small_merge``: one partition) aggregates without an exchange,
-    from rows spread over several files, and merges what the shuffled merge merges; without
-    sketches (no query counts approximately) its plan has no second aggregation."""
-    from collector.spark.job import merge_partials, small_merge
-
-    schema = schema_for("packets", "60")
-    for k, (keys, cnts) in enumerate([([b"a", b"b"], [1, 2]), ([b"a", b"c"], [3, 4]),
-                                      ([b"b"], [5])]):
-        pq.write_table(pa.Table.from_arrays(null_columns(schema, len(keys), {
-            "window_start": pa.array([0] * len(keys), pa.timestamp("us", "UTC")),
-            "node": pa.array(["n"] * len(keys)), "key": pa.array(keys),
-            "cnt": pa.array(cnts, pa.int64())}), schema=schema), tmp_path / f"{k}.parquet")
-    df = spark.read.schema(spark_ddl(schema)).parquet(str(tmp_path))
-    got = {}
-    for small in (False, True):
-        with batch_merge(spark, interpreted=small):
-            merged = merge_partials(small_merge(df) if small else df, "packets", None,
-                                    ["wirelen"], sketches=not small)
-            got[small] = sorted((r["key"], r["cnt"]) for r in merged.collect())
-            plan = merged._jdf.queryExecution().executedPlan().toString()
-            assert ("Exchange" in plan) is not small
-            assert ("hll_union_agg" in plan) is not small
-    assert got[True] == got[False] == [(b"a", 4), (b"b", 7), (b"c", 4)]
-
-
-def test_a_merge_in_one_pass_merges_what_the_split_merge_merges(spark, tmp_path):
-    """``merge_partials(one_pass=True)`` (a small merge: every row in one aggregation) gives
-    the groups, counts, sketches and value sets of the split merge (plain rows, sketched rows
-    and value sets each aggregated apart), from rows of each kind spread over several files:
-    a group of several sketches gets their union, a group of several sets their values
-    together (an empty set stays an empty set), a plain group no sketch and no set."""
-    import datasketches
-
-    from collector.spark.job import merge_partials, small_merge
-
-    def sketch(lo: int, hi: int) -> bytes:
-        sk = datasketches.hll_sketch(12)
-        for x in range(lo, hi):
-            sk.update(x)
-        return sk.serialize_compact()
-
-    schema = schema_for("packets", "60")
-    files = [
-        {"node": ["n", "s", "v"], "key": [b"a", b"a", b"a"], "cnt": [1, 2, 3],
-         "hll": [None, sketch(0, 300), None], "vals": [None, None, [b"x", b"y"]]},
-        {"node": ["n", "s", "v", "v"], "key": [b"a", b"a", b"a", b"b"], "cnt": [4, 5, 6, 7],
-         "hll": [None, sketch(200, 600), None, None], "vals": [None, None, [b"y"], []]},
-        {"node": ["n"], "key": [b"c"], "cnt": [8], "hll": [None], "vals": [None]},
-    ]
-    for k, f in enumerate(files):
-        n = len(f["key"])
-        pq.write_table(pa.Table.from_arrays(null_columns(schema, n, {
-            "window_start": pa.array([0] * n, pa.timestamp("us", "UTC")),
-            "node": pa.array(f["node"]), "key": pa.array(f["key"]),
-            "cnt": pa.array(f["cnt"], pa.int64()),
-            "sum_wirelen": pa.array(f["cnt"], pa.int64()),
-            "hll": pa.array(f["hll"], pa.binary()),
-            "vals": pa.array(f["vals"], pa.list_(pa.binary()))}), schema=schema),
-            tmp_path / f"{k}.parquet")
-    df = spark.read.schema(spark_ddl(schema)).parquet(str(tmp_path))
-    got = {}
-    for one_pass in (False, True):
-        with batch_merge(spark, interpreted=one_pass):
-            merged = merge_partials(small_merge(df) if one_pass else df, "packets", None,
-                                    ["wirelen"], sketches=True, sets=True, one_pass=one_pass)
-            got[one_pass] = {
-                (r["node"], r["key"]): (
-                    r["cnt"], r["sum_wirelen"],
-                    None if r["hll"] is None else round(
-                        datasketches.hll_sketch.deserialize(bytes(r["hll"])).get_estimate()),
-                    None if r["vals"] is None else sorted(bytes(v) for v in r["vals"]))
-                for r in merged.collect()}
-    assert got[True] == got[False]
-    assert got[True][("n", b"a")] == (5, 5, None, None)
-    assert got[True][("s", b"a")][2] == pytest.approx(600, rel=0.05)
-    assert got[True][("v", b"a")] == (9, 9, None, [b"x", b"y", b"y"])
-    assert got[True][("v", b"b")] == (7, 7, None, [])
-    assert got[True][("n", b"c")] == (8, 8, None, None)
-
-
-def test_a_batch_merge_leaves_the_session_as_it_was(spark):
-    """Bypassing Spark's partial aggregation, and interpreting a small merge, are the batch
-    merge's own settings: the streaming queries of a daemon sharing the session never see
-    them."""
-    before = {k: spark.conf.get(k, None) for k in (BYPASS_PARTIAL, *CODEGEN)}
-    with batch_merge(spark):
-        assert spark.conf.get(BYPASS_PARTIAL) == "true"
-        assert all(spark.conf.get(k, None) == before[k] for k in CODEGEN)
-    with batch_merge(spark, interpreted=True):
-        assert all(spark.conf.get(k) == v for k, v in CODEGEN.items())
-    assert {k: spark.conf.get(k, None) for k in before} == before
-    spark.conf.set(BYPASS_PARTIAL, "false")
-    try:
-        with batch_merge(spark):
-            pass
-        assert spark.conf.get(BYPASS_PARTIAL) == "false"
-    finally:
-        spark.conf.unset(BYPASS_PARTIAL)
-
-
 def test_a_warm_jvm_is_not_warmed_up_again(spark, monkeypatch):
-    """``warm_up`` runs its merge once per JVM and shape: the second call for the same
-    streams and measures runs no Spark job; another set of measures is other code, and runs
-    one."""
+    """``warm_up`` runs its answer job once per JVM: a second call finds it done."""
     import collector.spark.job as job_module
     monkeypatch.setattr(job_module, "_warmed", set())  # as if no test had warmed it up
-    sc = spark.sparkContext
-    tracker = sc.statusTracker()
-
-    def jobs(group: str, **kw) -> int:
-        sc.setJobGroup(group, "warm-up")
-        try:
-            warm_up(spark, ["packets"], **kw)
-        finally:
-            sc.setJobGroup("", "")
-        return len(tracker.getJobIdsForGroup(group))
-    assert jobs("warm-first", only={"ip_len"}, sets=True) > 0
-    assert jobs("warm-again", only={"ip_len"}, sets=True) == 0
-    assert jobs("warm-other", only={"ip_len", "wirelen"}, sets=True) > 0
+    ran = []
+    real = SparkJob._answer
+    monkeypatch.setattr(SparkJob, "_answer", lambda self, *a: ran.append(a) or real(self, *a))
+    warm_up(spark)
+    warm_up(spark)
+    assert len(ran) == 1
 
 
 def test_class_archive_kept_only_from_a_jvm_that_ran_a_job(tmp_path, monkeypatch):
@@ -359,7 +224,7 @@ def test_class_archive_kept_only_from_a_jvm_that_ran_a_job(tmp_path, monkeypatch
     import subprocess
     import sys
 
-    from collector.spark import job
+    from collector.spark import session as job
     monkeypatch.setattr(job, "_dump_ready", None)  # restored after: the session's own JVM
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
@@ -403,7 +268,7 @@ def test_other_installations_class_files_are_removed_once_stale(tmp_path, monkey
     import subprocess
     import sys
 
-    from collector.spark import job
+    from collector.spark import session as job
     monkeypatch.setattr(job, "_dump_ready", None)
     dead, later = (int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                                       capture_output=True, text=True, check=True).stdout)
@@ -439,7 +304,7 @@ def test_each_pyspark_installation_keeps_its_own_archive(tmp_path, monkeypatch):
     cache folder (two virtual environments) must not share one name."""
     import pyspark
 
-    from collector.spark.job import class_archive_path
+    from collector.spark.session import class_archive_path
     here = class_archive_path(tmp_path)
     assert here == class_archive_path(tmp_path) and pyspark.__version__ in here.name
     monkeypatch.setattr(pyspark, "__file__", str(tmp_path / "other" / "pyspark" / "__init__.py"))
@@ -466,8 +331,9 @@ def test_rows_that_come_after_their_window_closed_are_counted(spark, tmp_path):
         return sum(pq.read_metadata(f).num_rows for f in list_files(folder)
                    if f.name.split(".")[1] == probe)
     metrics = Metrics()
+    slots = {qp.slot: qp.query for qp in plan.queries}
     job = SparkJob(spark, tmp_path / "spool", tmp_path / "results", tmp_path / "ck",
-                   {qp.slot: qp.query for qp in plan.queries}.get, 1, metrics)
+                   lambda: slots, 1, metrics)
 
     def late() -> float:
         return metric(generate_latest(metrics.registry).decode(),

@@ -94,33 +94,3 @@ def test_a_followed_file_keeps_its_own_times(tmp_path):
             stop.set()
     want = [meta.sec * 10**9 + meta.usec * 1000 for _, meta in RawPcapReader(str(path))]
     assert got == want
-
-
-def test_a_memory_spool_keeps_aggregate_rows_until_released_then_writes_files(tmp_path):
-    """``MemorySpool`` (replay's, for pruning): aggregate rows stay in memory, in order, until
-    ``release``; past its limit it writes what it kept and everything after to files; a
-    selection folder always goes to files."""
-    import pyarrow as pa
-
-    from collector.spool import IN_MEMORY, MemorySpool, read_spool_file, select_schema
-    rows = [pa.Table.from_batches([punctuation("packets", 1_700_000_040 + 60 * i, 1, "probe")])
-            for i in range(4)]
-    spool = MemorySpool(tmp_path / "a", limit=1 << 20)
-    assert [spool.write("packets", "60", r) for r in rows[:2]] == [IN_MEMORY, IN_MEMORY]
-    assert not list_files(tmp_path / "a" / "packets" / "60")
-    empty = pa.Table.from_batches([], select_schema("packets"))
-    assert spool.write("packets", "select", empty) != IN_MEMORY
-    kept = spool.release()
-    assert list(kept) == [("packets", "60")]
-    assert pa.concat_tables(kept[("packets", "60")]).equals(pa.concat_tables(rows[:2]))
-    assert spool.write("packets", "60", rows[2]) != IN_MEMORY  # released: files from now on
-    assert len(list_files(tmp_path / "a" / "packets" / "60")) == 1
-
-    small = MemorySpool(tmp_path / "b", limit=rows[0].nbytes + 1)
-    assert small.write("packets", "60", rows[0]) == IN_MEMORY
-    small.write("packets", "60", rows[1])  # over the limit: both go to files, in order
-    small.write("packets", "60", rows[2])
-    files = list_files(tmp_path / "b" / "packets" / "60")
-    assert [read_spool_file(f).column("window_start")[0] for f in files] == \
-        [r.column("window_start")[0] for r in rows[:3]]
-    assert small.release() == {}

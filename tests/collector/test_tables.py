@@ -108,7 +108,7 @@ def test_a_changed_file_is_read_again_and_the_prefilter_leaves_tables_alone(tmp_
 def test_replay_answers_a_table_query(tmp_path, spark):
     """ok.pcap's packets per minute from the sources of a table, as dpkt counts them."""
     from collector.replay import replay
-    from collector.results import rows_of
+    from tests.reference import rows_of
     refs = packets(capture("ok.pcap"))
     srcs = sorted({r["src_ip"] for r in refs if r["src_ip"]})
     inside = srcs[::2]

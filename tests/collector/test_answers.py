@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from capture.fields import ip_bytes, ip_text
 from capture.pcap import open_capture
 from capture.unpack import unpack
-from collector.results import _ip_strings, group_rows, merge_to_keys, order_rows
+from collector.spark.answers import group_rows, ip_strings, merge_to_keys, order_rows
 from planner.query import parse_single
 from tests.conftest import capture
 
@@ -23,10 +23,10 @@ def test_address_text_equals_ip_text_on_real_captures():
         for raw in open_capture(capture(name)):
             col = unpack(raw).arrow("src_ip")
             for arr in (col, col.slice(5, 40)):
-                assert _ip_strings(arr).to_pylist() == [ip_text(v) for v in arr.to_pylist()]
+                assert ip_strings(arr).to_pylist() == [ip_text(v) for v in arr.to_pylist()]
     mixed = pa.array([ip_bytes("10.1.2.3"), None, ip_bytes("2001:db8::1"),
                       ip_bytes("64:ff9b::a01:203")], pa.binary())
-    assert _ip_strings(mixed).to_pylist() == ["10.1.2.3", None, "2001:db8::1", "64:ff9b::a01:203"]
+    assert ip_strings(mixed).to_pylist() == ["10.1.2.3", None, "2001:db8::1", "64:ff9b::a01:203"]
 
 
 GROUP = st.sampled_from([0, 0, 0, 1, 0xFFFF]) | st.integers(0, 0xFFFF)
@@ -42,7 +42,7 @@ def test_address_text_equals_ip_text_on_drawn_addresses(values, cut):
     IPv4-mapped and NULL addresses, repeated ones, in slices too."""
     arr = pa.array(values + values[:cut], pa.binary())
     for a in (arr, arr.slice(min(cut, len(arr)))):
-        assert _ip_strings(a).to_pylist() == [ip_text(v) for v in a.to_pylist()]
+        assert ip_strings(a).to_pylist() == [ip_text(v) for v in a.to_pylist()]
 
 
 def test_rows_of_a_finer_node_merge_to_the_query_keys():
@@ -95,7 +95,7 @@ def _part(ts, hosts, n, **more) -> pa.Table:
 def test_join_windows_where_one_side_is_empty():
     """Per window, a LEFT JOIN keeps the left rows with NULLs where the right part has no row
     (or no row at all in the batch); an inner join drops them; no left rows, no answer."""
-    from collector.results import join_answer
+    from collector.spark.answers import join_answer
     left = parse_single(JOIN.format(how="LEFT"), "j")
     inner = parse_single(JOIN.format(how=""), "j")
     a = _part([1, 1, 2], ["10.0.0.1", "10.0.0.2", "10.0.0.1"], [5, 3, 1])
@@ -103,8 +103,8 @@ def test_join_windows_where_one_side_is_empty():
     b = _part([1], ["10.0.0.1"], [3], m=pa.array([60.5]))
     b = b.rename_columns(["t", "src_ip", "n", "m", "window_start"])
 
-    def rows(q, parts):
-        t = join_answer(q, parts)
+    def rows(q, parts):  # in the query's order, as results are read back
+        t = order_rows(q, join_answer(q, parts))
         return [(r["t"], r["host"], r["d"], r["m"]) for r in t.to_pylist()]
 
     assert rows(left, {"j.a": a, "j.b": b}) == [(1, "10.0.0.2", 3, None),
@@ -131,13 +131,13 @@ def test_join_windows_where_one_side_is_empty():
 def test_a_join_s_where_holds_whichever_side_its_conditions_read(how, where, want):
     """Hand-worked: the WHERE's conditions on one part filter it before the join (the right
     part's only in an inner join); the answer is the WHERE over the joined rows."""
-    from collector.results import join_answer
+    from collector.spark.answers import join_answer
     q = parse_single(JOIN.format(how=how).replace("WHERE a.n >= 2", f"WHERE {where}"), "j")
     a = _part([1, 1, 2], ["10.0.0.1", "10.0.0.2", "10.0.0.1"], [5, 3, 1])
     a = a.rename_columns(["t", "dst_ip", "n", "window_start"])
     b = _part([1], ["10.0.0.1"], [3], m=pa.array([60.5]))
     b = b.rename_columns(["t", "src_ip", "n", "m", "window_start"])
-    got = join_answer(q, {"j.a": a, "j.b": b})
+    got = order_rows(q, join_answer(q, {"j.a": a, "j.b": b}))
     assert [(r["t"], r["host"], r["d"], r["m"]) for r in got.to_pylist()] == want
 
 

@@ -1,0 +1,355 @@
+"""The HFTA's derivation, on Spark's executors: every query's answer from the partial rows of
+one folder (the spool's files, or the rows the streaming merge releases), in one Spark job for
+all the folder's queries.
+
+1. **Fan-out** (``mapInArrow``): each partial row's packed key is decoded by its node's layout
+   (collector/keys.py) and the row becomes one row per query slot its pattern holds, with the
+   query's node-key columns: ``(g, q, window_start, k0…, cnt, measures, hll)``. ``g`` is the
+   row's answer: the query, or the joined query of a WITH part.
+2. **Answer** (``repartition(g)``, sorted by ``(g, window_start)``, ``mapInArrow``): each
+   answer's rows go to one task, which takes them a window at a time: merges them to the
+   query's keys, counts distinct values, estimates sketches, applies HAVING and ORDER BY …
+   LIMIT, joins a WITH query's parts and projects the outputs (``collector/spark/answers.py``)
+   ...
+3. ... and **writes** them: a row group per window into the query's part of the job, one
+   Parquet file renamed into place when done (``collector/spark/write.py``): a job run again
+   (a batch Spark runs again after a crash) replaces its parts. What returns to Spark is a row
+   per part written (query, windows, rows), summed per query for the driver's metrics.
+
+The driver plans this; no row of the answers passes through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property, partial
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+
+from capture.fields import IP, SKETCH, fields, key_field, measures
+from planner.query import Query
+
+TS_US = pa.timestamp("us", tz="UTC")
+QUERY = "query"  # the results' partition: results/query=<name>/
+# what an answer task returns: a row per part it wrote
+WRITTEN = pa.schema([pa.field(QUERY, pa.string()), pa.field("part", pa.string()),
+                     pa.field("windows", pa.int64()), pa.field("newest", pa.int64()),
+                     pa.field("rows", pa.int64())])
+
+
+def spark_type(dt: pa.DataType) -> str:
+    """The Spark SQL type of an Arrow type the HFTA uses."""
+    if pa.types.is_timestamp(dt):
+        return "timestamp"
+    return {pa.int32(): "int", pa.int64(): "bigint", pa.binary(): "binary",
+            pa.string(): "string", pa.float64(): "double", pa.bool_(): "boolean"}[dt]
+
+
+def ddl(schema: pa.Schema) -> str:
+    """A Spark DDL string of an Arrow schema."""
+    return ", ".join(f"`{f.name}` {spark_type(f.type)}" for f in schema)
+
+
+@dataclass(frozen=True)
+class Folder:
+    """What one Spark job derives: the queries of a (stream, folder) by slot, WITH parts
+    included, as the driver knows them when it plans the job. Picklable: it travels to the
+    executors with the job, so a query registered later never changes a job in flight."""
+
+    stream: str
+    folder: str
+    slots: tuple[tuple[int, Query], ...]
+
+    @cached_property
+    def by_slot(self) -> dict[int, Query]:
+        return dict(self.slots)
+
+    @cached_property
+    def answers(self) -> list[Query]:
+        """The queries that have answers (a WITH part's answer is its join's), by slot."""
+        out: dict[str, Query] = {}
+        for _, q in sorted(self.slots, key=lambda sq: sq[0]):
+            top = q.parent or q
+            out.setdefault(top.name, top)
+        return list(out.values())
+
+    @cached_property
+    def group_of(self) -> dict[int, int]:
+        """Each slot's answer (an index into ``answers``)."""
+        index = {q.name: i for i, q in enumerate(self.answers)}
+        return {s: index[(q.parent or q).name] for s, q in self.slots}
+
+    @cached_property
+    def keys(self) -> list[str]:
+        """The node-key columns the queries read (a sketch key travels in ``hll``)."""
+        return list(dict.fromkeys(k for _, q in self.slots for k in q.node_keys
+                                  if not k.startswith(SKETCH)))
+
+    @cached_property
+    def measures(self) -> list[str]:
+        """The measures the queries read, in catalogue order."""
+        used = {m for _, q in self.slots for m in q.measures}
+        return [m.name for m in measures(self.stream) if m.name in used]
+
+    @cached_property
+    def sketches(self) -> bool:
+        return any(q.approx for _, q in self.slots)
+
+    @cached_property
+    def columns(self) -> list[str]:
+        """The spool's columns the fan-out reads."""
+        return ["window_start", "node", "key", "cnt",
+                *(f"{a}_{m}" for m in self.measures for a in ("sum", "min", "max")),
+                *(["hll"] if self.sketches else [])]
+
+    def key_type(self, name: str) -> pa.DataType:
+        f = fields(self.stream)[key_field(name)[0]]
+        return pa.binary() if f.kind == IP else f.arrow_type
+
+    @cached_property
+    def fan_schema(self) -> pa.Schema:
+        cols = [pa.field("g", pa.int32()), pa.field("q", pa.int32()),
+                pa.field("window_start", TS_US)]
+        cols += [pa.field(f"k{i}", self.key_type(k)) for i, k in enumerate(self.keys)]
+        cols += [pa.field(c, pa.binary() if c == "hll" else pa.int64())
+                 for c in self.columns[3:]]
+        return pa.schema(cols)
+
+
+def fan_out(folder: Folder, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Partial rows as one row per query slot of their pattern (``Folder.fan_schema``); rows
+    of a slot no query of ``folder`` holds (deleted since they were spooled) are left out.
+    Vectorised: a node's rows and its slots become (row, slot) pairs at once, and each column
+    is taken once per node."""
+    from collector.keys import KeyLayout
+    schema = folder.fan_schema
+    slots = np.array(sorted(folder.by_slot), np.int64)
+    groups = np.array([folder.group_of[s] for s in slots], np.int32)
+    approx = np.array([bool(folder.by_slot[s].approx) for s in slots])
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        codes = pc.dictionary_encode(batch.column("node"))
+        index = codes.indices.to_numpy(zero_copy_only=False)
+        order = np.argsort(index, kind="stable")
+        bounds = np.searchsorted(index[order], np.arange(len(codes.dictionary) + 1))
+        for code, label in enumerate(codes.dictionary.to_pylist()):
+            if not label:
+                continue  # punctuation
+            at = order[bounds[code]:bounds[code + 1]]
+            layout = KeyLayout.parse(folder.stream, label)
+            cols, pattern = layout.decode(batch.column("key").take(pa.array(at)))
+            mine = slots < 64 * pattern.shape[1]
+            bits = np.unpackbits(np.ascontiguousarray(pattern).view(np.uint8), axis=1,
+                                 bitorder="little")[:, slots[mine]]
+            row, j = np.nonzero(bits)  # row-major: each row's slots in order
+            if not len(row):
+                continue
+            take, src = pa.array(row), pa.array(at[row])
+            out = [pa.array(groups[mine][j]), pa.array(slots[mine][j].astype(np.int32)),
+                   batch.column("window_start").take(src)]
+            # a key no query of the row's slot reads stays: the answer reads its own only
+            out += [cols[k].take(take) if k in cols else
+                    pa.nulls(len(row), schema.field(f"k{i}").type)
+                    for i, k in enumerate(folder.keys)]
+            for name in folder.columns[3:]:
+                col = batch.column(name).take(src)
+                if name == "hll" and not approx[mine][j].all():
+                    col = pc.if_else(pa.array(approx[mine][j]), col,
+                                     pa.scalar(None, pa.binary()))
+                out.append(col)
+            yield pa.RecordBatch.from_arrays(out, schema=schema)
+
+
+def answer_of_group(folder: Folder, table: pa.Table) -> tuple[Query, pa.Table]:
+    """The answer of one answer (``Folder.answers[g]``) and one window from its fanned-out
+    rows: the query and its rows in its own columns (``answers.answer_schema``)."""
+    from collector.spark.answers import answer_table, finalize, join_answer, order_rows
+    top = folder.answers[table.column("g")[0].as_py()]
+    slot_col = table.column("q").to_numpy()
+    present = np.unique(slot_col).tolist()
+    parts: dict[str, pa.Table] = {}
+    for slot in present:
+        q = folder.by_slot[slot]
+        rows = table if len(present) == 1 else table.filter(pa.array(slot_col == slot))
+        cols = {"window_start": rows.column("window_start")}
+        for i, k in enumerate(folder.keys):
+            if k in q.node_keys:
+                cols[k] = rows.column(f"k{i}")
+        cols["cnt"] = rows.column("cnt")
+        for m in q.measures:
+            for a in ("sum", "min", "max"):
+                cols[f"{a}_{m}"] = rows.column(f"{a}_{m}")
+        for f in q.approx:
+            cols[SKETCH + f] = rows.column("hll")
+        parts[q.name] = finalize(q, pa.table(cols))
+    answer = join_answer(top, parts) if top.join is not None else parts[top.name]
+    return top, answer_table(top, order_rows(top, answer))
+
+
+def _written(query: Query, part: str, windows: int, newest: int, rows: int) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({QUERY: [query.name], "part": [part],
+                                       "windows": [windows], "newest": [newest],
+                                       "rows": [rows]}, schema=WRITTEN)
+
+
+def _task_meta() -> dict[str, str]:
+    """Which Spark task wrote a part (kept in its file: the cluster test checks the workers
+    wrote them; anyone may trace a part to its task in Spark's event log)."""
+    from pyspark import TaskContext
+    tc = TaskContext.get()
+    return {"flowsieve.task": str(tc.taskAttemptId()) if tc else "",
+            "flowsieve.stage": str(tc.stageId()) if tc else ""}
+
+
+def _answer_task(folder: Folder, root: str, part: str,
+                 batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """An answer task: fanned-out rows sorted by (answer, window), each (answer, window)
+    group's rows answered as they end (one window in memory at a time) and written, a row
+    group per window, into the answer's part of the results (``write.PartWriter``); a row
+    per part written."""
+    from collector.spark.answers import answer_schema
+    from collector.spark.write import PartWriter
+    meta = _task_meta()
+    writer: PartWriter | None = None
+    query: Query | None = None
+    windows = newest = 0
+    pending: list[pa.RecordBatch] = []
+    key = None
+
+    def done() -> Iterator[pa.RecordBatch]:
+        nonlocal writer
+        if writer is not None:
+            writer.close()
+            yield _written(query, writer.final.name, windows, newest, writer.rows)
+            writer = None
+
+    def answer(rows: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        nonlocal writer, query, windows, newest
+        q, table = answer_of_group(folder, pa.Table.from_batches(rows))
+        if q is not query:
+            yield from done()
+            query, windows = q, 0
+        if not table.num_rows:  # no group passed its HAVING
+            return
+        if writer is None:
+            writer = PartWriter(root, q.name, part, answer_schema(q), meta)
+        writer.write(table)
+        windows += 1
+        newest = max(newest, rows[0].column("window_start")[0].value // 1_000_000)
+
+    try:
+        for b in batches:
+            if not b.num_rows:
+                continue
+            g = b.column("g").to_numpy().astype(np.int64)
+            ws = pc.cast(b.column("window_start"), pa.int64()).to_numpy()
+            cut = np.flatnonzero((g[1:] != g[:-1]) | (ws[1:] != ws[:-1])) + 1
+            for lo, hi in zip(np.r_[0, cut], np.r_[cut, len(g)], strict=True):
+                k = (int(g[lo]), int(ws[lo]))
+                if k != key and pending:
+                    yield from answer(pending)
+                    pending = []
+                key = k
+                pending.append(b.slice(lo, hi - lo))
+        if pending:
+            yield from answer(pending)
+        yield from done()
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+
+
+def selected(folder: Folder, batches: Iterator[pa.RecordBatch]
+             ) -> Iterator[tuple[Query, pa.Table]]:
+    """A selection folder's tuples as each query's projected rows (vectorised over
+    ``qmask``)."""
+    from collector.spark.answers import project_selection
+    from collector.spool import qmask_words
+    from planner.slots import has_slot, slots_of
+    for b in batches:
+        if not b.num_rows:
+            continue
+        words = qmask_words(b.column("qmask"))
+        for slot in slots_of(np.bitwise_or.reduce(words, axis=0)):
+            q = folder.by_slot.get(slot)
+            if q is not None:
+                rows = pa.Table.from_batches([b]).filter(pa.array(has_slot(words, slot)))
+                yield q, project_selection(q, rows)
+
+
+def _select_task(folder: Folder, root: str, part: str,
+                 batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A selection task: each query's matching tuples written into a part of its own for
+    this task (named by the job and the task's partition, so a batch run again writes the
+    same names); a row per part written."""
+    from pyspark import TaskContext
+
+    from collector.spark.answers import answer_schema
+    from collector.spark.write import PartWriter
+    name = part.replace(".parquet", f"-{TaskContext.get().partitionId():05d}.parquet")
+    writers: dict[str, tuple[Query, PartWriter]] = {}
+    try:
+        for q, rows in selected(folder, batches):
+            if q.name not in writers:
+                writers[q.name] = (q, PartWriter(root, q.name, name, answer_schema(q),
+                                                 _task_meta()))
+            writers[q.name][1].write(rows.select(answer_schema(q).names))
+        for q, w in writers.values():
+            w.close()
+            yield _written(q, name, 0, 0, w.rows)
+    except BaseException:
+        for _, w in writers.values():
+            w.abort()
+        raise
+
+
+def part_name(job: str) -> str:
+    """The file an answer job writes into each query's results: ``part-<job>.parquet``."""
+    return f"part-{job}.parquet"
+
+
+def answers(rows: DataFrame, folder: Folder, root: str, job: str, partitions: int
+            ) -> DataFrame:
+    """The job that answers a folder's partial rows (or a selection folder's tuples) and
+    writes the answers under ``root``, each query's as its part ``part_name(job)``: a lazy
+    DataFrame of what it wrote, a row per query (its windows, its newest window's start,
+    rows). ``partitions``: the answer tasks (a query's rows go to one of them)."""
+    from pyspark.sql import functions as F
+    part = part_name(job)
+    if folder.folder == "select":
+        cols = [f.name for f in fields(folder.stream).values()] + ["qmask"]
+        written = rows.select(*cols).mapInArrow(partial(_select_task, folder, root, part),
+                                                ddl(WRITTEN))
+    else:
+        fan = rows.select(*folder.columns).mapInArrow(partial(fan_out, folder),
+                                                      ddl(folder.fan_schema))
+        written = (fan.repartition(partitions, "g").sortWithinPartitions("g", "window_start")
+                   .mapInArrow(partial(_answer_task, folder, root, part), ddl(WRITTEN)))
+    return written.groupBy(QUERY).agg(F.sum("windows").alias("windows"),
+                                      F.sum("rows").alias("rows"),
+                                      F.max("newest").alias("newest"))
+
+
+def answer_locally(rows: pa.Table, folder: Folder) -> dict[str, pa.Table]:
+    """The answer job's steps run in this process on partial rows (or a selection's tuples)
+    held in memory, without writing: what Spark's executors compute on their shares, grouped
+    here by Arrow. Each answer's rows in its own columns (tests compare them with Spark's; no
+    daemon path uses this)."""
+    out: dict[str, list[pa.Table]] = {}
+    if folder.folder == "select":
+        for q, t in selected(folder, iter(rows.to_batches())):
+            out.setdefault(q.name, []).append(t)
+    else:
+        fanned = pa.Table.from_batches(list(fan_out(folder, iter(rows.select(
+            folder.columns).to_batches()))), schema=folder.fan_schema)
+        for k in fanned.group_by(["g", "window_start"]).aggregate([]).to_pylist():
+            q, t = answer_of_group(folder, fanned.filter(
+                (pc.field("g") == k["g"]) & (pc.field("window_start") == k["window_start"])))
+            out.setdefault(q.name, []).append(t)
+    return {name: pa.concat_tables(ts) for name, ts in out.items()}

@@ -1,0 +1,250 @@
+"""The Spark session flowsieve runs on: its configuration, and the JVM's start-up options (a
+class-data archive, so that Spark starts sooner)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+
+from pyspark import SparkConf, SparkContext
+from pyspark.java_gateway import launch_gateway
+from pyspark.sql import SparkSession
+
+from collector.spark.source import SpoolDataSource
+
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+ARROW_BATCH_ROWS = 65536  # rows per Arrow batch to and from Spark's Python workers
+_dump_ready: Path | None = None  # marks this process's JVM's class dump as worth keeping
+
+
+def jvm_options(class_archive: str | os.PathLike | None, quick_start: bool) -> list[str]:
+    """JVM start-up options. A class-data archive (AppCDS) maps the classes Spark loads instead
+    of parsing them from its jars: a JVM that finds none writes one when it exits, and later
+    ones start about 2 s sooner and run their first job about 1.4 s sooner (bench/README.md).
+    A dump is kept only from a JVM that ran a job (``class_dump_ready``): one that only started
+    holds a fifth of the classes a merge loads. It is promoted to ``class_archive`` once the
+    process that started its JVM is gone and it has not changed for 10 s; a stale or foreign
+    archive is ignored by the JVM (``-Xshare:auto``)."""
+    global _dump_ready
+    opts = []
+    if quick_start:
+        opts += ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+    if class_archive is not None:
+        archive = Path(class_archive)
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        _promote(archive)
+        _forget_others(archive)
+        opts.append("-Xlog:cds=off,cds+dynamic=off")
+        if archive.exists():
+            with contextlib.suppress(OSError):
+                os.utime(archive)  # its last use: another installation's cleanup reads it
+            opts.append(f"-XX:SharedArchiveFile={archive}")
+        else:
+            dump = archive.with_name(f"{archive.name}.dump-{os.getpid()}")
+            opts.append(f"-XX:ArchiveClassesAtExit={dump}")
+            _dump_ready = dump.with_name(dump.name + ".ready")
+    return opts
+
+
+def _promote(archive: Path) -> None:
+    """Dumps of JVMs that are gone become the archive (one that ran a job) or are removed."""
+    now = time.time()
+    paths = sorted(archive.parent.glob(archive.name + ".dump-*"),
+                   key=lambda p: p.suffix == ".ready")  # each dump before the markers
+    for path in paths:
+        dump = path.with_name(path.name.removesuffix(".ready"))
+        try:
+            pid = _dump_pid(path)
+            if _alive(pid) or now - path.stat().st_mtime <= 10:
+                continue
+            ready = dump.with_name(dump.name + ".ready")
+            if path == dump and ready.exists() and not archive.exists():
+                os.replace(dump, archive)
+            else:
+                path.unlink()  # a dump of a JVM that ran no job, or a marker left over
+        except (FileNotFoundError, ValueError):
+            pass
+
+
+FORGET_ARCHIVE_S = 30 * 86400  # another installation's archive unused this long is removed
+FORGET_DUMP_S = 86400  # ... and a dump its JVM left this long ago that it never promoted
+
+
+def _dump_pid(path: Path) -> int:
+    """The process whose JVM wrote a dump ``….jsa.dump-<pid>`` (or its ``.ready`` marker)."""
+    return int(path.name.removesuffix(".ready").rsplit("-", 1)[1])
+
+
+def _forget_others(archive: Path) -> None:
+    """Class-data files of other pyspark installations sharing the folder (180 MB each):
+    an archive no JVM has used for 30 days (a deleted virtual environment's) and a dump whose
+    JVM is gone for a day without its installation starting again to promote it."""
+    now = time.time()
+    for path in archive.parent.glob("spark-*-job-classes.jsa*"):
+        if path.name.startswith(archive.name):
+            continue  # this installation's: _promote's
+        try:
+            age = now - path.stat().st_mtime
+            if path.name.endswith(".jsa"):
+                stale = age > FORGET_ARCHIVE_S
+            else:
+                stale = age > FORGET_DUMP_S and not _alive(_dump_pid(path))
+            if stale:
+                path.unlink()
+        except (FileNotFoundError, ValueError, IndexError):
+            pass
+
+
+def class_dump_ready() -> None:
+    """This process's JVM has run a Spark job: the class dump it writes at exit holds the
+    classes a job needs and is kept (marked once: every later batch finds nothing to do)."""
+    global _dump_ready
+    if _dump_ready is not None:
+        with contextlib.suppress(OSError):
+            _dump_ready.touch()
+        _dump_ready = None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def class_archive_path(folder: str | os.PathLike) -> Path:
+    """The class-data archive of this pyspark installation in ``folder``. The JVM ignores an
+    archive dumped with another class path (``-Xshare:auto``), so the name holds a digest of
+    where this pyspark's jars are: two installations (two virtual environments) sharing a
+    cache each keep their own, where one name kept the first one's, useless to the other."""
+    import hashlib
+
+    import pyspark
+    where = hashlib.sha1(str(Path(pyspark.__file__).resolve().parent).encode()).hexdigest()
+    return Path(folder) / f"spark-{pyspark.__version__}-{where[:10]}-job-classes.jsa"
+
+
+def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_partitions: int = 4,
+                  rocksdb: bool = True, extra: dict[str, str] | None = None,
+                  app_name: str = "flowsieve", jvm_log: str | os.PathLike | None = None,
+                  class_archive: str | os.PathLike | None = None, quick_start: bool = False
+                  ) -> SparkSession:
+    """A Spark session configured for flowsieve (workers run this interpreter). With
+    ``jvm_log`` the JVM's own output (its stack traces, log4j's console) goes to that file
+    instead of this process's terminal: commands report Spark's failures in one line.
+    ``class_archive`` is a class-data archive of the JVM (``jvm_options``); ``quick_start``
+    trades peak JIT speed for start-up (a command that runs once, such as ``replay``)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    local = master.startswith("local")
+    if local:  # nothing outside this host talks to a local driver
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    log4j = Path(__file__).with_name("log4j2.properties")
+    b = (SparkSession.builder.master(master).appName(app_name)
+         .config("spark.driver.memory", driver_memory)
+         .config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false")
+         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+         .config("spark.sql.session.timeZone", "UTC")
+         .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
+         .config("spark.sql.files.ignoreCorruptFiles", "true")
+         # answers: timestamps as UTC instants (INT96 would read back as local times), the
+         # Python stages fed large Arrow batches (fewer calls; a group is whole anyway)
+         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+         .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS))
+         .config("spark.driver.extraJavaOptions", " ".join(
+             [f"-Dlog4j2.configurationFile=file:{log4j}",
+              *jvm_options(class_archive, quick_start)])))
+    if local:  # a cluster's executors reach the driver at spark.driver.host (spark.extra)
+        b = b.config("spark.driver.bindAddress", "127.0.0.1")
+    if rocksdb:
+        b = b.config("spark.sql.streaming.stateStore.providerClass", ROCKSDB).config(
+            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+    for k, v in (extra or {}).items():
+        b = b.config(k, v)
+    if jvm_log is not None and SparkContext._gateway is None:
+        # the gateway pyspark would launch, with the JVM's stdout and stderr in the log file
+        out = open(jvm_log, "ab")  # noqa: SIM115 - the JVM holds it for its lifetime
+        conf = SparkConf().setAll(list(b._options.items()))
+        SparkContext._gateway = launch_gateway(conf, popen_kwargs={"stdout": out,
+                                                                   "stderr": out})
+        SparkContext._jvm = SparkContext._gateway.jvm
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(SpoolDataSource)
+    return spark
+
+
+OOM_EXIT = 52  # Spark's exit code for a JVM that died of an OutOfMemoryError (SparkExitCode)
+_MEMORY = ("raise spark.driver_memory (FLOWSIEVE_SPARK__DRIVER_MEMORY; on a cluster, "
+           "spark.executor.memory in spark.extra)")
+_WORKER = ("give Spark's Python workers more memory (spark.executor.pyspark.memory in "
+           "spark.extra, or a host with more)")
+
+
+def jvm_exit_code(wait_s: float = 0.0) -> int | None:
+    """The exit code of the JVM this process launched for Spark, if it has died (waiting up
+    to ``wait_s`` for one that is on its way out)."""
+    import subprocess
+    proc = getattr(SparkContext._gateway, "proc", None)
+    if proc is None:
+        return None
+    try:
+        return proc.wait(wait_s) if wait_s else proc.poll()
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def failure_reason(e: BaseException, jvm_log: str | os.PathLike | None = None) -> str | None:
+    """One line saying why Spark failed, from the error a PySpark call raised, the JVM's exit
+    and its log (None: not Spark's). Running out of memory says so and names the setting to
+    raise, whether the JVM ran out (an OutOfMemoryError; a JVM that died of one) or a Python
+    worker did (a MemoryError under its limit; a worker killed, as the kernel's OOM killer
+    does); a JVM that died otherwise says it died, never just "Connection refused"."""
+    import re
+    text = "\n".join(str(x) for x in (e, e.__cause__, e.__context__) if x)
+    names = {type(x).__module__.split(".")[0] for x in (e, e.__cause__, e.__context__) if x}
+    lost = any(isinstance(x, ConnectionError) or type(x).__name__ == "Py4JNetworkError"
+               for x in (e, e.__cause__, e.__context__) if x)
+    code = jvm_exit_code(10.0 if lost else 0.0)  # a JVM lost to Py4J is on its way out
+    if not names & {"py4j", "pyspark"} and "java." not in text and code is None:
+        return None
+    logged = ""
+    if jvm_log is not None:
+        try:
+            with open(jvm_log, errors="replace") as f:
+                f.seek(max(0, os.path.getsize(jvm_log) - (1 << 20)))
+                logged = f.read()
+        except OSError:
+            pass
+    if "OutOfMemoryError" in text or code == OOM_EXIT or (
+            code is not None and "OutOfMemoryError" in logged):
+        return f"the Spark JVM ran out of memory (java.lang.OutOfMemoryError): {_MEMORY}"
+    python = "Python worker" in text or "PythonException" in text
+    if python and re.search(r"\bMemoryError\b|failed to map segment|Cannot allocate memory",
+                            text):
+        return f"a Spark Python worker ran out of memory (MemoryError): {_WORKER}"
+    if re.search(r"Python worker exited unexpectedly|worker.*(killed|crashed)", text,
+                 re.IGNORECASE):
+        return f"a Spark Python worker was killed (out of memory?): {_WORKER}"
+    if code is not None:
+        return f"the Spark JVM died (exit code {code})"
+    if python:  # a Python worker's traceback: its exception's line
+        raised = [ln.strip() for ln in text.splitlines()
+                  if re.match(r"\w+(\.\w+)*(Error|Exception)\b", ln.strip())]
+        if raised:
+            return f"a Spark Python worker failed: {raised[-1][:300]}"
+    for line in text.splitlines():
+        line = line.strip()
+        m = re.search(r"((?:java|org\.apache\.spark)[\w.$]*(?:Exception|Error)): ?(.*)", line)
+        if m:
+            return f"{m.group(1)}: {m.group(2)}".rstrip(": ")
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
+    return first[:300]
