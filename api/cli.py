@@ -479,7 +479,12 @@ def cmd_replay(args) -> int:
     from api.formats import write_answers
     from collector.config import cache_dir
     from collector.replay import replay
-    from collector.spark.session import build_session, class_archive_path, failure_reason
+    from collector.spark.session import (
+        QUICK_START_BYTES,
+        build_session,
+        class_archive_path,
+        failure_reason,
+    )
     queries = _read_queries(args.queries)
     check_capture(args.capture)
     settings = _with_bits(_settings(args.config), args.bits)
@@ -519,7 +524,7 @@ def cmd_replay(args) -> int:
                 s.master, s.driver_memory, s.shuffle_partitions, s.state_store == "rocksdb",
                 s.extra, "flowsieve-replay", jvm_log=jvm_log,
                 class_archive=class_archive_path(cache_dir()) if s.class_archive else None,
-                quick_start=True))
+                quick_start=size is not None and size < QUICK_START_BYTES))
         except Exception as e:  # noqa: BLE001 - the JVM did not start: say why in one line
             starting.set_exception(CliError(f"Spark did not start: {failure_reason(e) or e} "
                                             f"(its log: {jvm_log})"))

@@ -41,18 +41,21 @@ def columns(query: Query) -> list[str]:
 def printable(table: pa.Table) -> pa.Table:
     """Times as ISO 8601 text (whole seconds unless the time has a fraction), every other
     column as it is."""
-    cols = []
-    for col in table.columns:
-        if pa.types.is_timestamp(col.type):
-            us = pc.cast(col, pa.int64())
-            if pc.all(pc.equal(pc.multiply(pc.divide(us, 1_000_000), 1_000_000),
-                               us)).as_py() is not False:  # whole seconds
-                col = pc.strftime(pc.cast(col, pa.timestamp("s", tz="UTC")),
-                                  format="%Y-%m-%dT%H:%M:%SZ")
-            else:
-                col = pc.strftime(col, format="%Y-%m-%dT%H:%M:%SZ")
-        cols.append(col)
+    cols = [iso_times(c) if pa.types.is_timestamp(c.type) else c for c in table.columns]
     return pa.Table.from_arrays(cols, names=table.column_names)
+
+
+def iso_times(col: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """UTC times as ISO 8601 text; each distinct time formatted once (a window's start and end
+    repeat on every row of it), with numpy's datetime formatting (Arrow's strftime took 5 s for
+    2.6M rows)."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    codes = pc.dictionary_encode(pc.cast(col, pa.int64()))
+    us = codes.dictionary.to_numpy(zero_copy_only=False)
+    unit = "s" if (us % 1_000_000 == 0).all() else "us"
+    text = np.char.add(np.datetime_as_string(us.astype("datetime64[us]"), unit=unit), "Z")
+    return pa.array(text, pa.string()).take(codes.indices)
 
 
 def _json_string(col: pa.Array) -> pa.Array:

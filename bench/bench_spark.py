@@ -110,15 +110,17 @@ class TreeRss:
                 "peak_rss_total_mib": self.peak_total / 2**20}
 
 
-def start_spark(app_name: str):
-    """Spark as the daemon starts it (default settings), timed: (session, JVM start s)."""
+def start_spark(app_name: str, capture: Path):
+    """Spark as ``flowsieve replay`` starts it for ``capture`` (default settings; C1 only for a
+    small capture), timed: (session, JVM start s)."""
     from collector.config import Settings, cache_dir
-    from collector.spark.session import build_session, class_archive_path
+    from collector.spark.session import QUICK_START_BYTES, build_session, class_archive_path
     s = Settings(initial_queries=None).spark
     t0 = time.perf_counter()
     spark = build_session(s.master, s.driver_memory, s.shuffle_partitions,
                           s.state_store == "rocksdb", app_name=app_name,
-                          class_archive=class_archive_path(cache_dir()), quick_start=True)
+                          class_archive=class_archive_path(cache_dir()),
+                          quick_start=capture.stat().st_size < QUICK_START_BYTES)
     return spark, time.perf_counter() - t0
 
 
@@ -156,12 +158,10 @@ def run_one(mode: str, kind: str, n: int, nq: int, out: Path) -> None:
     del p  # the generator's arrays are the orchestrator's truth, not part of this run
     rss = TreeRss()
     if mode == "batch":
-        from bench.spark_sql import spark_session
-        t0 = time.perf_counter()
-        spark = spark_session("bench-spark-batch")
-        jvm_s = time.perf_counter() - t0
+        from bench.spark_sql import start_session
+        spark, jvm_s = start_session("bench-spark-batch")
     else:
-        spark, jvm_s = start_spark("bench-spark")
+        spark, jvm_s = start_spark("bench-spark", path)
     work = Path(tempfile.mkdtemp(prefix=f"bench-spark-{mode}-", dir=CACHE))
     stages: dict[str, float] = {}
     t1 = time.perf_counter()

@@ -173,6 +173,13 @@ def spark_session(app_name: str = "baseline"):
     return spark
 
 
+def start_session(app_name: str):
+    """``spark_session``, timed: (session, seconds to start the JVM)."""
+    t0 = time.perf_counter()
+    spark = spark_session(app_name)
+    return spark, time.perf_counter() - t0
+
+
 def cached_packets(spark, raw: Path):
     """The decoded tuples as a cached temp view ``packets``, materialised (outside any clock);
     the number of tuples."""

@@ -199,12 +199,10 @@ def run_one(mode: str, n: int, out: Path) -> None:
     del p  # the generator's arrays are the orchestrator's truth, not part of this run
     rss = TreeRss()
     if mode == "batch":
-        from bench.spark_sql import spark_session
-        t0 = time.perf_counter()
-        spark = spark_session("bench-telemetry-batch")
-        jvm_s = time.perf_counter() - t0
+        from bench.spark_sql import start_session
+        spark, jvm_s = start_session("bench-telemetry-batch")
     else:
-        spark, jvm_s = start_spark("bench-telemetry")
+        spark, jvm_s = start_spark("bench-telemetry", path)
     cold = _pass(mode, spark, path)
     memory = rss.stop()  # of the first pass (the second's would add the first's garbage)
     warm = _pass(mode, spark, path)

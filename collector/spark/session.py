@@ -17,6 +17,11 @@ from collector.spark.source import SpoolDataSource
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
+# replay of a capture smaller than this starts its JVM with ``quick_start`` (C1 only): the
+# compiling it saves outweighs the slower code on so little work (the 851-packet sample: 10.3
+# against 12.2 s); a larger one's answer job runs on C2's code (the 3M-packet CSV bench's
+# answer job: 5.6 against 8.7 s, warm)
+QUICK_START_BYTES = 64 << 20
 ARROW_BATCH_ROWS = 65536  # rows per Arrow batch to and from Spark's Python workers
 _dump_ready: Path | None = None  # marks this process's JVM's class dump as worth keeping
 
@@ -159,6 +164,8 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
          # Python stages fed large Arrow batches (fewer calls; a group is whole anyway)
          .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
          .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS))
+         # Python workers forked with the answer tasks' modules imported (worker.py)
+         .config("spark.python.daemon.module", "collector.spark.worker")
          .config("spark.driver.extraJavaOptions", " ".join(
              [f"-Dlog4j2.configurationFile=file:{log4j}",
               *jvm_options(class_archive, quick_start)])))
@@ -212,7 +219,8 @@ def failure_reason(e: BaseException, jvm_log: str | os.PathLike | None = None) -
     text = "\n".join(str(x) for x in (e, e.__cause__, e.__context__) if x)
     names = {type(x).__module__.split(".")[0] for x in (e, e.__cause__, e.__context__) if x}
     lost = any(isinstance(x, ConnectionError) or type(x).__name__ == "Py4JNetworkError"
-               for x in (e, e.__cause__, e.__context__) if x)
+               for x in (e, e.__cause__, e.__context__) if x) or \
+        "SparkContext was shut down" in text  # a JVM ending cancels its jobs first
     code = jvm_exit_code(10.0 if lost else 0.0)  # a JVM lost to Py4J is on its way out
     if not names & {"py4j", "pyspark"} and "java." not in text and code is None:
         return None
