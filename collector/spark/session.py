@@ -209,6 +209,16 @@ def jvm_exit_code(wait_s: float = 0.0) -> int | None:
         return None
 
 
+def _said(e: BaseException) -> str:
+    """What an error says, without asking a dead JVM: a Py4JJavaError's ``str`` fetches the
+    Java exception's text over the gateway, which raises again once the JVM is gone."""
+    try:
+        return str(e)
+    except Exception:  # noqa: BLE001 - any failure of the gateway: say what Python holds
+        return " ".join(str(a) for a in getattr(e, "args", ()) if isinstance(a, str)) \
+            or type(e).__name__
+
+
 def failure_reason(e: BaseException, jvm_log: str | os.PathLike | None = None) -> str | None:
     """One line saying why Spark failed, from the error a PySpark call raised, the JVM's exit
     and its log (None: not Spark's). Running out of memory says so and names the setting to
@@ -216,14 +226,8 @@ def failure_reason(e: BaseException, jvm_log: str | os.PathLike | None = None) -
     worker did (a MemoryError under its limit; a worker killed, as the kernel's OOM killer
     does); a JVM that died otherwise says it died, never just "Connection refused"."""
     import re
-    text = "\n".join(str(x) for x in (e, e.__cause__, e.__context__) if x)
+    text = "\n".join(_said(x) for x in (e, e.__cause__, e.__context__) if x)
     names = {type(x).__module__.split(".")[0] for x in (e, e.__cause__, e.__context__) if x}
-    lost = any(isinstance(x, ConnectionError) or type(x).__name__ == "Py4JNetworkError"
-               for x in (e, e.__cause__, e.__context__) if x) or \
-        "SparkContext was shut down" in text  # a JVM ending cancels its jobs first
-    code = jvm_exit_code(10.0 if lost else 0.0)  # a JVM lost to Py4J is on its way out
-    if not names & {"py4j", "pyspark"} and "java." not in text and code is None:
-        return None
     logged = ""
     if jvm_log is not None:
         try:
@@ -232,6 +236,15 @@ def failure_reason(e: BaseException, jvm_log: str | os.PathLike | None = None) -
                 logged = f.read()
         except OSError:
             pass
+    # a JVM on its way out: Py4J lost it, its jobs were cancelled, its scheduler is gone (the
+    # error's text fetched while it stops), or it logged an OutOfMemoryError, which ends it
+    lost = any(isinstance(x, ConnectionError) or type(x).__name__ == "Py4JNetworkError"
+               for x in (e, e.__cause__, e.__context__) if x) or \
+        re.search(r"SparkContext (was|has been) shut ?down|stopped SparkContext|dagScheduler",
+                  text) is not None or "OutOfMemoryError" in logged
+    code = jvm_exit_code(10.0 if lost else 0.0)
+    if not names & {"py4j", "pyspark"} and "java." not in text and code is None:
+        return None
     if "OutOfMemoryError" in text or code == OOM_EXIT or (
             code is not None and "OutOfMemoryError" in logged):
         return f"the Spark JVM ran out of memory (java.lang.OutOfMemoryError): {_MEMORY}"

@@ -39,6 +39,7 @@ def test_a_jvm_that_dies_of_an_out_of_memory_error(tmp_path):
     out = subprocess.run([sys.executable, "-c", OOM, str(log)], capture_output=True,
                          text=True, cwd=ROOT, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip(), out.stderr[-3000:]
     error, code, reason = out.stdout.strip().splitlines()[-1].split("|")
     # Py4J says "Connection refused" (ConnectionRefusedError), or the error it carried first
     assert error in ("ConnectionRefusedError", "Py4JJavaError", "Py4JNetworkError"), error
