@@ -1,7 +1,7 @@
-"""Hash grouping of Arrow rows in numba, for the driver's merges of partial rows to a query's
-keys (``results.merge_to_keys``): each row's group by its key columns, and each group's sum,
-minimum and maximum of a column. On the telemetry benchmark's 1.5M partial rows Arrow's
-``group_by`` was the largest part of ``replay``'s pruning.
+"""Hash grouping of Arrow rows in numba, for the answer tasks' merges of partial rows to a
+query's keys (``collector/spark/answers.merge_to_keys``, run by Spark's Python workers): each
+row's group by its key columns, and each group's sum, minimum and maximum of a column (Arrow's
+``group_by`` took several times as long on the telemetry benchmark's 1.5M partial rows).
 
 A key column becomes int64 words that are equal exactly when the values are (NULL its own
 value): integers and times as they are, fixed-width binaries (addresses) as their bytes,

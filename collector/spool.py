@@ -264,7 +264,7 @@ class Spool:
                 writer.write_table(table, max_chunksize=65536)
         if kind == "held":
             size = tmp.stat().st_size
-            with self._lock:  # writers on several threads (replay's pruning)
+            with self._lock:  # writers on several threads (the daemon's engines, a source each)
                 self._written += size
         if hold is not None:
             held = path_dir / f".{hold}.{seq:016d}.{kind}"

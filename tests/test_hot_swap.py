@@ -1,10 +1,11 @@
 """Hot swap under traffic (issue 14): while the daemon reads a capture that grows in real time,
-1,000 queries are registered and deleted over HTTP — 500 in concurrent bursts of 100, 500 one at
-a time, each deleted 100 registrations later. Every batch is processed under exactly one plan
-version (the tuples counted per version add up to the packets written: nothing lost, nothing
-twice), and every query's answers for the whole windows it was registered for equal a `replay`
-of the final capture (three queries that stay registered throughout and a sample of the churned
-ones replayed alone, every churned query in a replay with the others of its phase)."""
+1,000 queries are registered and deleted over HTTP — 500 in concurrent bursts of 100 (a burst's
+registrations may share plan versions), 500 one at a time, each deleted 100 registrations
+later. Every batch is processed under exactly one plan version (the tuples counted per version
+add up to the packets written: nothing lost, nothing twice), and every query's answers for the
+whole windows it was registered for equal a `replay` of the final capture (three queries that
+stay registered throughout and a sample of the churned ones replayed alone, every churned query
+in a replay with the others of its phase)."""
 
 from __future__ import annotations
 
@@ -141,16 +142,27 @@ def test_register_and_delete_1000_queries_under_traffic(tmp_path, spark):
     def lap(what: str) -> None:
         laps.append((what, time.monotonic()))
 
+    spent = {"register": 0.0, "delete": 0.0, "hold": 0.0, "read": 0.0}
+
+    def timed(what: str, t0: float) -> None:
+        spent[what] += time.monotonic() - t0
+
     def register(name: str, sql: str) -> None:
+        t0 = time.monotonic()
         r = client.post("/queries", json={"name": name, "sql": sql})
         assert r.status_code == 201, r.text
         registered[name] = time.time()
+        timed("register", t0)
 
     def read(name: str) -> None:
+        t0 = time.monotonic()
         seen[name] = answers(client, name)  # before it goes: then its answers go too
+        timed("read", t0)
 
     def delete(name: str) -> None:
+        t0 = time.monotonic()
         assert client.delete(f"/queries/{name}").status_code == 204
+        timed("delete", t0)
 
     complete = [0.0]  # the latest complete_before seen
 
@@ -162,7 +174,9 @@ def test_register_and_delete_1000_queries_under_traffic(tmp_path, spark):
             if complete[0] < target:
                 complete[0] = answers(client, "all")[1] or 0.0
             return complete[0] >= target
+        t0 = time.monotonic()
         wait_for(done, 240, f"windows before {target} complete")
+        timed("hold", t0)
 
     def retire(group: list[str], pool=None) -> None:
         """Read and delete queries once two whole windows of each are answered."""
@@ -220,7 +234,9 @@ def test_register_and_delete_1000_queries_under_traffic(tmp_path, spark):
 
     # every packet under exactly one plan version: the counts add up to what was written
     assert sum(v["tuples"].get("traffic", 0) for v in versions) == written
-    assert max(v["version"] for v in versions) >= 2003  # 3 + 1,000 registered + 1,000 deleted
+    # a plan per registration or deletion one at a time (3 + 500 + 500), and at least one per
+    # burst of 100 concurrent ones (5 + 5): concurrent changes may share one (group commit)
+    assert max(v["version"] for v in versions) >= 1013
     assert len({v["version"] for v in versions}) == len(versions)
 
     # the oracle: replays of the final capture, in this process's Spark session
@@ -269,4 +285,5 @@ def test_register_and_delete_1000_queries_under_traffic(tmp_path, spark):
     lap("replays compared")
     sys.stderr.write("hot swap: " + ", ".join(
         f"{what} {t - prev:.0f} s"
-        for (_, prev), (what, t) in zip(laps, laps[1:], strict=False)) + "\n")
+        for (_, prev), (what, t) in zip(laps, laps[1:], strict=False))
+        + "; requests' time: " + ", ".join(f"{k} {v:.0f} s" for k, v in spent.items()) + "\n")

@@ -195,8 +195,8 @@ def _combined(folder: Folder, rows: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def answer_of_group(folder: Folder, table: pa.Table) -> tuple[Query, pa.Table]:
-    """The answer of one answer (``Folder.answers[g]``) and one window from its fanned-out
-    rows: the query and its rows in its own columns (``answers.answer_schema``)."""
+    """The answer of one answer (``Folder.answers[g]``) in windows from their fanned-out rows:
+    the query and its rows in its own columns (``answers.answer_schema``), by window."""
     from collector.spark.answers import answer_table, finalize, join_answer, order_rows
     top = folder.answers[table.column("g")[0].as_py()]
     slot_col = table.column("q").to_numpy()
@@ -235,12 +235,16 @@ def _task_meta() -> dict[str, str]:
             "flowsieve.stage": str(tc.stageId()) if tc else ""}
 
 
+ANSWER_ROWS = 1 << 16  # rows of an answer's windows an answer task answers together
+
+
 def _answer_task(folder: Folder, root: str, part: str,
                  batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """An answer task: fanned-out rows sorted by (answer, window), each (answer, window)
-    group's rows answered as they end (one window in memory at a time) and written, a row
-    group per window, into the answer's part of the results (``write.PartWriter``); a row
-    per part written."""
+    """An answer task: fanned-out rows sorted by (answer, window); an answer's consecutive
+    windows answered together (up to ``ANSWER_ROWS`` rows, or one window however large: memory
+    bounded either way; small windows cost one pass, not one each) and written, a row group per
+    window, into the answer's part of the results (``write.PartWriter``); a row per part
+    written."""
     from collector.spark.answers import answer_schema
     from collector.spark.write import PartWriter
     meta = _task_meta()
@@ -248,6 +252,7 @@ def _answer_task(folder: Folder, root: str, part: str,
     query: Query | None = None
     windows = newest = 0
     pending: list[pa.RecordBatch] = []
+    held = 0  # rows pending
     key = None
 
     def done() -> Iterator[pa.RecordBatch]:
@@ -267,9 +272,12 @@ def _answer_task(folder: Folder, root: str, part: str,
             return
         if writer is None:
             writer = PartWriter(root, q.name, part, answer_schema(q), meta)
-        writer.write(table)
-        windows += 1
-        newest = max(newest, rows[0].column("window_start")[0].value // 1_000_000)
+        ws = pc.cast(table.column("window_start"), pa.int64()).to_numpy()  # sorted by window
+        cut = np.flatnonzero(ws[1:] != ws[:-1]) + 1
+        for lo, hi in zip(np.r_[0, cut], np.r_[cut, len(ws)], strict=True):
+            writer.write(table.slice(lo, hi - lo))
+        windows += len(cut) + 1
+        newest = max(newest, int(ws[-1]) // 1_000_000)
 
     try:
         for b in batches:
@@ -280,11 +288,12 @@ def _answer_task(folder: Folder, root: str, part: str,
             cut = np.flatnonzero((g[1:] != g[:-1]) | (ws[1:] != ws[:-1])) + 1
             for lo, hi in zip(np.r_[0, cut], np.r_[cut, len(g)], strict=True):
                 k = (int(g[lo]), int(ws[lo]))
-                if k != key and pending:
+                if k != key and pending and (k[0] != key[0] or held >= ANSWER_ROWS):
                     yield from answer(pending)
-                    pending = []
+                    pending, held = [], 0
                 key = k
                 pending.append(b.slice(lo, hi - lo))
+                held += hi - lo
         if pending:
             yield from answer(pending)
         yield from done()

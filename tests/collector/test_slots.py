@@ -5,6 +5,7 @@ those files could add to are closed. No timer."""
 from __future__ import annotations
 
 import threading
+import time
 
 from collector.config import SourceConfig, load_settings
 from collector.service import Collector
@@ -156,3 +157,38 @@ def test_a_registered_query_never_looks_deleted_while_plans_are_rebuilt(tmp_path
     finally:
         c.stop()
     assert looks[0] > 0 and misses == []
+
+
+def test_concurrent_registrations_share_plan_builds(tmp_path):
+    """Registrations made while a plan is built wait for the next build, which serves them all
+    (group commit): each returns once a plan holding its query is the engines', and 40 at once
+    cost one build when they all wait for it. One at a time, each still builds its own."""
+    from concurrent.futures import ThreadPoolExecutor
+    c = Collector(load_settings(var_dir=tmp_path / "var", initial_queries=None, sources=[]))
+    c.start(with_sources=False, with_spark=False)
+    try:
+        built = []
+        build = c._rebuild
+
+        def counted(options):  # the first build starts once all 40 wait for it
+            built.append(1)
+            deadline = time.monotonic() + 60
+            while len(built) == 1 and c._changes < 40 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return build(options)
+        c._rebuild = counted
+
+        def register(i: int) -> None:
+            q = c.register(f"q{i}", Q.replace("time/5", f"time/{i + 1}"))
+            assert q.name in {x.query.name for x in c.plan.queries}  # live when it returns
+        with ThreadPoolExecutor(40) as pool:
+            list(pool.map(register, range(40)))
+        assert {x.query.name for x in c.plan.queries} == {f"q{i}" for i in range(40)}
+        assert len(built) == 1
+        before = len(built)
+        c.register("alone", Q)
+        assert c.delete("q0")
+        assert len(built) == before + 2
+        assert "q0" not in {x.query.name for x in c.plan.queries}
+    finally:
+        c.stop()
