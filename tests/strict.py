@@ -21,6 +21,7 @@ def _reason(report) -> str:
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)  # for fixtures that report a failed test
     if _strict() and report.skipped and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = f"FLOWSIEVE_STRICT=1 forbids skipping: {_reason(report)}"

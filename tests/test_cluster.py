@@ -29,7 +29,7 @@ from collector.replay import replay
 from planner.query import parse_single
 from tests.conftest import ROOT, need
 from tests.reference import rows_of
-from tests.test_daemon import free_port, wait_for
+from tests.test_daemon import free_port, metric, wait_for
 from tests.test_hot_swap import PERIOD, Feeder, answers, whole_windows
 
 pytestmark = pytest.mark.slow
@@ -76,7 +76,7 @@ def free_subnet() -> tuple[str, str]:
     raise AssertionError("no free /30 in 10.213.0.0/16")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def netns():
     """A network namespace joined to this host by a veth pair: (namespace, the address here,
     the address there)."""
@@ -134,50 +134,158 @@ def merge_pcaps(paths, out) -> None:
     out.write_bytes(header + b"".join(r[2] for r in records))
 
 
-def test_two_probes_one_spool_one_spark_cluster(tmp_path, netns, spark):
-    netns, HOST, PEER = netns  # noqa: N806 (the addresses read as constants below)
-    need(shutil.which("java") is not None, "Java 17 is not installed")
-    bindir = os.path.dirname(sys.executable)
-    base_env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1",
-                "PYSPARK_PYTHON": sys.executable}
-    master_cmd, worker_cmd, run_cmd = readme_commands()
-    master_port, master_ui = free_port(), free_port()
-    procs: list[subprocess.Popen] = []
-    logs = []
+class Cluster:
+    """README's standalone cluster: a master and two workers, one of them in the network
+    namespace, started by ``up`` and stopped by ``close`` (once per module: the tests' daemons
+    share it). A test's processes (``start``) run in their own sessions, their output in
+    ``<name>.log`` of the test's folder ``here``, and are stopped by ``stop_daemons``."""
 
-    def start(name: str, cmd: str, env: dict, ns: str | None = None) -> subprocess.Popen:
-        log = open(tmp_path / f"{name}.log", "w")
-        logs.append(log)
+    def __init__(self, tmp_path, netns):
+        self.tmp, (self.netns, self.host, self.peer) = tmp_path, netns
+        self.here = tmp_path
+        bindir = os.path.dirname(sys.executable)
+        self.env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}",
+                    "PYTHONUNBUFFERED": "1", "PYSPARK_PYTHON": sys.executable}
+        self.master_cmd, self.worker_cmd, self.run_cmd = readme_commands()
+        self.master_port, self.master_ui = free_port(), free_port()
+        self.procs: list[subprocess.Popen] = []  # the master and the workers
+        self.daemons: list[subprocess.Popen] = []  # the test's
+        self.logs: list = []  # the test's
+        self.cluster_logs: list = []
+
+    def start(self, name: str, cmd: str, env: dict, ns: str | None = None) -> subprocess.Popen:
+        log = open(self.here / f"{name}.log", "w")
+        self.logs.append(log)
         argv = ["bash", "-c", cmd]
         if ns is not None:
             argv = ["ip", "netns", "exec", ns, *argv]
         p = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                             env={**base_env, **env}, start_new_session=True)
-        procs.append(p)
+                             env={**self.env, **env}, start_new_session=True)
+        self.daemons.append(p)
         return p
 
-    spool, checkpoints = tmp_path / "spool", tmp_path / "checkpoints"
-    results, events = tmp_path / "results", tmp_path / "events"  # shared by the workers
-    events.mkdir()
-    control_port = free_port()
-    (tmp_path / "control.yaml").write_text(f"""
+    def up(self) -> None:
+        """The master and two workers, registered."""
+        host = self.host
+        self.start("master", self.master_cmd, {
+            "MASTER_HOST": host, "MASTER_PORT": str(self.master_port),
+            "WEBUI_PORT": str(self.master_ui), "SPARK_LOCAL_IP": host})
+        for name, where, ns in (("worker1", host, None), ("worker2", self.peer, self.netns)):
+            self.start(name, self.worker_cmd, {
+                "MASTER_HOST": host, "MASTER_PORT": str(self.master_port),
+                "WORKER_HOST": where, "WEBUI_PORT": str(free_port()),
+                "WORK_DIR": str(self.tmp / name), "SPARK_LOCAL_IP": where}, ns)
+        self.procs, self.daemons = self.daemons, []
+        self.cluster_logs, self.logs = self.logs, []
+        wait_for(lambda: len(self.workers()) == 2, 120, "two workers registered at the master")
+        assert {w["host"] for w in self.workers()} == {host, self.peer}
+
+    def workers(self) -> list[dict]:
+        r = httpx.get(f"http://{self.host}:{self.master_ui}/json/", timeout=10)
+        try:  # a master still starting may answer before its JSON page is up
+            state = r.json() if r.status_code == 200 else {}
+        except ValueError:
+            state = {}
+        return [w for w in state.get("workers", []) if w["state"] == "ALIVE"]
+
+    def control_yaml(self, port: int, results, checkpoints, events, spool=None,
+                     driver_memory: str = "1g") -> str:
+        """A control plane's configuration up to its queries and sources: this cluster, an
+        executor on each worker, Spark's event log in ``events``."""
+        h = self.host
+        spool_line = f"spool: {{path: {spool}}}\n" if spool is not None else ""
+        return f"""
 role: all
-var_dir: {tmp_path / 'control'}
-api: {{host: 127.0.0.1, port: {control_port}}}
-spool: {{path: {spool}}}
-results: {{path: {results}}}
+var_dir: {self.here / 'control'}
+api: {{host: 127.0.0.1, port: {port}}}
+{spool_line}results: {{path: {results}}}
 spark:
-  master: spark://{HOST}:{master_port}
-  driver_memory: 1g
+  master: spark://{h}:{self.master_port}
+  driver_memory: {driver_memory}
   shuffle_partitions: 2
   trigger_s: 1
   watermark_delay_s: {2 * PERIOD}
   checkpoint_dir: {checkpoints}
-  extra: {{spark.driver.host: {HOST}, spark.driver.bindAddress: {HOST},
+  extra: {{spark.driver.host: {h}, spark.driver.bindAddress: {h},
           spark.executor.memory: 512m, spark.executor.cores: "1", spark.cores.max: "2",
           spark.eventLog.enabled: "true", spark.eventLog.dir: "file://{events}",
           spark.eventLog.compress: "false", spark.eventLog.rolling.enabled: "false"}}
-initial_queries: null
+"""
+
+    def last_words(self) -> None:
+        """The processes' last lines, shown by pytest with a failure (the daemons first,
+        Spark's own logs without their INFO)."""
+        for log in [*reversed(self.logs), *reversed(self.cluster_logs)]:
+            log.flush()
+            lines = [x for x in open(log.name, errors="replace").read().splitlines()
+                     if not x.startswith("\tat ") and not re.match(r"\d\d/\d\d/\d\d .* INFO ", x)]
+            sys.stdout.write("\n".join([f"==> {log.name} <==", *lines[-25:], ""]))
+
+    def stop_daemons(self) -> None:
+        """The test's processes, in reverse order; then the workers hold no application (an
+        application ends once its driver is gone: the next test's gets every core)."""
+        _stop(self.daemons)
+        for log in self.logs:
+            log.close()
+        self.daemons, self.logs = [], []
+        wait_for(lambda: all(w["coresused"] == 0 for w in self.workers()), 120,
+                 "the workers free")
+
+    def close(self) -> None:
+        _stop(self.procs + self.daemons)  # the daemons before the workers, the master last
+        for log in self.logs + self.cluster_logs:
+            log.close()
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in reversed(procs):
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(60)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+@pytest.fixture(scope="module")
+def spark_cluster(tmp_path_factory, netns):
+    need(shutil.which("java") is not None, "Java 17 is not installed")
+    c = Cluster(tmp_path_factory.mktemp("cluster"), netns)
+    try:
+        c.up()
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def cluster(spark_cluster, tmp_path, request):
+    """The module's cluster for one test: its processes' logs in the test's folder, their last
+    words printed when it fails, and they are stopped after it."""
+    c = spark_cluster
+    c.here = tmp_path
+    try:
+        yield c
+    finally:
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            c.last_words()
+        c.stop_daemons()
+        c.here = c.tmp
+
+
+def test_two_probes_one_spool_one_spark_cluster(tmp_path, cluster, spark):
+    HOST, PEER = cluster.host, cluster.peer  # noqa: N806 (they read as constants below)
+    base_env, start, workers = cluster.env, cluster.start, cluster.workers
+    run_cmd = cluster.run_cmd
+    spool, checkpoints = tmp_path / "spool", tmp_path / "checkpoints"
+    results, events = tmp_path / "results", tmp_path / "events"  # shared by the workers
+    events.mkdir()
+    control_port = free_port()
+    (tmp_path / "control.yaml").write_text(cluster.control_yaml(
+        control_port, results, checkpoints, events, spool) + """initial_queries: null
 sources: []
 """)
     probes = {}
@@ -199,23 +307,6 @@ sources:
                for n, (p, _) in probes.items()}
     control = httpx.Client(base_url=f"http://127.0.0.1:{control_port}", timeout=60)
     try:
-        start("master", master_cmd, {"MASTER_HOST": HOST, "MASTER_PORT": str(master_port),
-                                     "WEBUI_PORT": str(master_ui), "SPARK_LOCAL_IP": HOST})
-        for name, host, ns in (("worker1", HOST, None), ("worker2", PEER, netns)):
-            start(name, worker_cmd, {"MASTER_HOST": HOST, "MASTER_PORT": str(master_port),
-                                     "WORKER_HOST": host, "WEBUI_PORT": str(free_port()),
-                                     "WORK_DIR": str(tmp_path / name), "SPARK_LOCAL_IP": host},
-                  ns)
-
-        def workers() -> list[dict]:
-            r = httpx.get(f"http://{HOST}:{master_ui}/json/", timeout=10)
-            try:  # a master still starting may answer before its JSON page is up
-                state = r.json() if r.status_code == 200 else {}
-            except ValueError:
-                state = {}
-            return [w for w in state.get("workers", []) if w["state"] == "ALIVE"]
-        wait_for(lambda: len(workers()) == 2, 120, "two workers registered at the master")
-        assert {w["host"] for w in workers()} == {HOST, PEER}
         start("control", run_cmd, {"CONFIG": str(tmp_path / "control.yaml"),
                                    "SPARK_LOCAL_IP": HOST})
         for name in probes:
@@ -273,29 +364,12 @@ sources:
         statuses = [json.loads(p.read_text())
                     for p in sorted((spool / "_control" / "probes").glob("*.json"))]
         assert {s["probe"] for s in statuses} >= {"edge-a", "edge-b"}
-    except BaseException:  # the processes' last words, shown by pytest with the failure
-        for log in reversed(logs):  # the daemons first, Spark's own logs without their INFO
-            log.flush()
-            lines = [x for x in open(log.name, errors="replace").read().splitlines()
-                     if not x.startswith("\tat ") and not re.match(r"\d\d/\d\d/\d\d .* INFO ", x)]
-            sys.stdout.write("\n".join([f"==> {log.name} <==", *lines[-25:], ""]))
-        raise
     finally:
         for _, feeder in probes.values():
             feeder.stop.set()
         for c in (control, *clients.values()):
             c.close()
-        for p in reversed(procs):  # the daemons before the workers, the master last
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(60)
-            except ProcessLookupError:
-                pass
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        for log in logs:
-            log.close()
+        cluster.stop_daemons()  # Spark's event log complete once its application ends
 
     # Spark's event log: the answer jobs' tasks ran on both workers, and each part file of the
     # results was written by one of those tasks (its footer names it)
@@ -318,3 +392,47 @@ sources:
         want = whole_windows(truth[name], since, before)
         assert whole_windows(rows, since, before) == want, name
         assert want  # not vacuous
+
+
+def test_a_window_of_four_million_groups_on_the_cluster(tmp_path, cluster, big_window):
+    """A query with 4 million groups in one window (every packet its own (source,
+    destination, source port)) through the daemon on the cluster, the driver at
+    ``spark.driver_memory: 512m``: every group answered once by the executors, and the daemon's
+    Python process never above 1 GiB resident while it does."""
+    from collector.results import read_results
+    from tests.conftest import BIG_WINDOW, PeakRss
+    results, events = tmp_path / "results", tmp_path / "events"
+    events.mkdir()
+    (tmp_path / "q.sql").write_text(
+        "-- name: pairs\nSELECT time/60 AS t, src_ip, dst_ip, src_port, count(*) AS n "
+        "FROM packets GROUP BY time/60, src_ip, dst_ip, src_port;\n")
+    port = free_port()
+    (tmp_path / "control.yaml").write_text(cluster.control_yaml(
+        port, results, tmp_path / "checkpoints", events, driver_memory="512m") + f"""\
+initial_queries: {tmp_path / 'q.sql'}
+sources:
+  - {{type: pcap, name: groups, path: {big_window}, loop: false, restamp: false}}
+""")
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+    try:
+        shell = cluster.start("control", cluster.run_cmd, {
+            "CONFIG": str(tmp_path / "control.yaml"), "SPARK_LOCAL_IP": cluster.host})
+        rss = PeakRss(shell.pid)  # bash runs README's one command in its own process
+        wait_for(lambda: metric(client.get("/metrics").text,
+                                "flowsieve_query_windows_closed_total",
+                                'query="pairs"') >= 1, 900, "the window answered")
+        peak = rss.stop()
+    finally:
+        client.close()
+        cluster.stop_daemons()  # Spark's event log complete once its application ends
+    assert 0 < peak < 1 << 30, f"the daemon's peak RSS: {peak / 2**20:.0f} MiB"
+    q = parse_single("SELECT time/60 AS t, src_ip, dst_ip, src_port, count(*) AS n "
+                     "FROM packets GROUP BY time/60, src_ip, dst_ip, src_port", "pairs")
+    got = read_results(results, q)
+    assert got.num_rows == BIG_WINDOW
+    assert got.group_by(["src_ip", "dst_ip", "src_port"]).aggregate([]).num_rows == BIG_WINDOW
+    assert got.column("n").to_pylist() == [1] * BIG_WINDOW
+    hosts = answer_task_hosts(events)  # Spark's executors answered and wrote it
+    writers = {hosts[int(pq.read_metadata(p).metadata[b"flowsieve.task"])]
+               for p in results.glob("query=pairs/part-*.parquet")}
+    assert writers <= {cluster.host, cluster.peer} and writers
