@@ -65,6 +65,8 @@ def _text_ip_atom(a) -> str:
     f = a.field
     if a.op == "prefix":
         net = ipaddress.ip_network(format_prefix(*a.values))
+        if net.prefixlen == net.max_prefixlen:  # a host: its text
+            return f"{f} = '{net.network_address}'"
         if net.version != 4 or net.prefixlen % 8:
             raise NotImplementedError(f"{a.text} over text addresses")
         head = ".".join(str(net.network_address).split(".")[:net.prefixlen // 8])
