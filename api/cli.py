@@ -593,8 +593,25 @@ COMMANDS = {"run": cmd_run, "replay": cmd_replay, "decode": cmd_decode, "plan": 
             "fields": cmd_fields}
 
 
+class _NotPy4J(logging.Filter):
+    """Drops what Py4J logs itself: when the JVM dies under a call, Py4J logs the lost
+    connection with its traceback (``logging.exception`` on the root logger), which a command
+    would print before its one ``error:`` line saying why Spark failed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
+def quiet_py4j() -> None:
+    """A command's Spark failures reach the user as its one error line, not as Py4J's logs."""
+    logging.getLogger().addFilter(_NotPy4J())
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command != "run":  # the daemon logs Py4J's lines (cmd_run configures logging)
+        quiet_py4j()
     try:
         return COMMANDS[args.command](args)
     except (CliError, CaptureError, QueryError, SpoolFull) as e:

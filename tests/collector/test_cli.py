@@ -276,3 +276,24 @@ GROUP BY time/60;
     more = json.loads(run("plan", "--queries", str(queries), "--config", str(cfg), "--bits",
                           "none", "--format", "json").stdout)
     assert len(more["bits"]) > 2
+
+
+def test_py4j_logs_no_traceback_of_a_lost_jvm():
+    """Py4J logs a connection lost to a dead JVM on the root logger with its traceback (seen
+    on a real JVM's OutOfMemoryError): a command prints only its one error line."""
+    import logging
+
+    from api.cli import quiet_py4j
+    root = logging.getLogger()
+    filters = list(root.filters)
+    try:
+        quiet_py4j()
+        record = root.makeRecord("root", logging.ERROR, "/x/site-packages/py4j/java_gateway.py",
+                                 1056, "Exception while sending command.", (), None)
+        assert not root.filter(record)
+        mine = root.makeRecord("root", logging.ERROR, "/x/collector/replay.py", 1, "kept", (),
+                               None)
+        assert root.filter(mine)
+    finally:
+        root.filters[:] = filters
+        logging.getLogger("py4j").setLevel(logging.NOTSET)

@@ -24,6 +24,8 @@ pytestmark = pytest.mark.slow
 # fold on the driver's thread): Spark's handler ends the JVM
 OOM = r"""
 import sys
+from api.cli import quiet_py4j
+quiet_py4j()  # as every command but run: Py4J's own traceback of the lost JVM is not printed
 from collector.spark.session import build_session, failure_reason, jvm_exit_code
 spark = build_session("local[1]", "512m", 1, jvm_log=sys.argv[1])
 try:
@@ -47,6 +49,7 @@ def test_a_jvm_that_dies_of_an_out_of_memory_error(tmp_path):
     assert "OutOfMemoryError" in log.read_text()
     assert "ran out of memory" in reason and "spark.driver_memory" in reason
     assert "Connection refused" not in reason
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
 
 
 def test_a_python_worker_killed_is_named(spark):
