@@ -15,8 +15,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api.deps import CollectorDep
 from api.routes import exporters, prefilter, queries
 from api.security import Guard, problem
-from collector.cluster import ProbeOnly
-from collector.service import Collector
+from collector.daemon.cluster import ProbeOnly
+from collector.daemon.service import Collector
 
 
 def create_app(collector: Collector, manage: bool = False) -> FastAPI:

@@ -26,7 +26,7 @@ from pathlib import Path
 from capture.errors import CaptureError
 from capture.fields import BYTES, IP, TS, fields, ip_text
 from capture.netflow import DEFAULT_FLOW_PORTS
-from collector.spool import SpoolFull
+from collector.pipeline.spool import SpoolFull
 from planner.query import QueryError
 
 STREAMS = ("packets", "flows")
@@ -284,11 +284,11 @@ def _measure(plan, capture: str, residual=None):
 
     from capture.pcap import open_capture
     from capture.unpack import unpack
-    from collector.asc_runtime import AscRuntime
     from collector.config import ResidualConfig
-    from collector.prefilter import compile_prefilter, run_prefilter
-    from collector.residual import Residual, ValueCache, eval_predicate
-    from collector.sampling import TupleSampler
+    from collector.pipeline.asc_runtime import AscRuntime
+    from collector.pipeline.prefilter import compile_prefilter, run_prefilter
+    from collector.pipeline.residual import Residual, ValueCache, eval_predicate
+    from collector.pipeline.sampling import TupleSampler
     hits: dict[str, int] = {}
     total = 0
     cp = compile_prefilter(plan, "packets")
@@ -325,15 +325,15 @@ def _measure(plan, capture: str, residual=None):
 def _tables(settings, queries=()) -> None:
     """Load the configured prefix tables and user predicates (a bad file or reference is a
     one-line error) and check that the queries name only those."""
-    from collector import functions, tables
+    from collector.pipeline import prefix_tables, user_predicates
     try:
-        tables.configure(settings.tables)
-        functions.configure(settings.predicates)
+        prefix_tables.configure(settings.tables)
+        user_predicates.configure(settings.predicates)
     except ValueError as e:
         raise CliError(str(e)) from None
     for q in queries:
-        tables.check(q)
-        functions.check(q)
+        prefix_tables.check(q)
+        user_predicates.check(q)
 
 
 def cmd_plan(args) -> int:
@@ -477,8 +477,8 @@ def cmd_replay(args) -> int:
     from concurrent.futures import Future
 
     from api.formats import write_answers
+    from api.replay import replay
     from collector.config import cache_dir
-    from collector.replay import replay
     from collector.spark.session import (
         QUICK_START_BYTES,
         build_session,
@@ -564,7 +564,7 @@ def cmd_run(args) -> int:
     sock = api_socket(settings.api.host, settings.api.port)
     check_java()
     _tables(settings)
-    from collector.cluster import owner, probe_in_use
+    from collector.daemon.cluster import owner, probe_in_use
     other = probe_in_use(settings.spool_dir, settings.probe, owner(settings.var_dir),
                          max(10.0, 5 * settings.spark.trigger_s))
     if other:
@@ -573,7 +573,7 @@ def cmd_run(args) -> int:
     import uvicorn
 
     from api.app import create_app
-    from collector.service import Collector
+    from collector.daemon.service import Collector
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per Spark callback

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from collector.service import Collector
+from collector.daemon.service import Collector
 
 
 def get_collector(request: Request) -> Collector:

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from collector.results import iter_results
+from collector.daemon.results import iter_results
 from planner.query import Query
 
 CSV_OPTIONS = {"delimiter": ","}

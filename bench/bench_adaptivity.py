@@ -14,8 +14,8 @@ Gamma correlated filters, the 80% rule, Table 1's parameters).
 - OM (003 Figure 3 shape): fidelity against k of a node's sel-λ chart (planner/charts.py) on
   streams whose selectivity and rate drift with four degrees of noise, with moves, switches and
   the cost of the plans run over the optimal ones, against RAND and a static plan;
-- the residual stage in the engine's code (collector/residual.py) on the backbone trace's DNS
-  names: today's fixed order against A-Greedy's, and A-Greedy with the value cache.
+- the residual stage in the engine's code (collector/pipeline/residual.py) on the backbone
+  trace's DNS names: today's fixed order against A-Greedy's, and A-Greedy with the value cache.
 
 Writes ``results/adaptivity.json``. About 3 minutes.
 """
@@ -311,8 +311,8 @@ def dns_residual(packets: int = 2_000_000) -> dict:
     from bench.traces import trace
     from capture.pcap import open_capture
     from capture.unpack import unpack
-    from collector.prefilter import compile_prefilter, run_prefilter
-    from collector.residual import Residual, ValueCache
+    from collector.pipeline.prefilter import compile_prefilter, run_prefilter
+    from collector.pipeline.residual import Residual, ValueCache
     from planner.plan import build_plan
     from planner.query import parse_queries
     path, _ = trace("backbone", 6_000_000, Path(__file__).resolve().parent / ".cache")
@@ -326,7 +326,7 @@ def dns_residual(packets: int = 2_000_000) -> dict:
         seen += len(tb)
         if seen >= packets:
             break
-    from collector import functions
+    from collector.pipeline import user_predicates as functions
     modes = {"per row, fixed order (before)": ("cost", 0, False),
              "by value, fixed order": ("cost", 0, True),
              "by value, a-greedy": ("a-greedy", 0, True),

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from bench.bench_spark import _sql, trace  # noqa: E402
 from bench.common import CACHE, write_result  # noqa: E402
 from collector.config import SourceConfig, load_settings  # noqa: E402
-from collector.service import Collector  # noqa: E402
+from collector.daemon.service import Collector  # noqa: E402
 
 PACKETS = 6_000_000
 REPEAT = 3
@@ -73,7 +73,7 @@ def main() -> int:
     ahead, step = [], []
     for _ in range(repeat):
         ahead.append(run(path, queries))
-        with mock.patch("collector.service.ahead", in_step):
+        with mock.patch("collector.daemon.service.ahead", in_step):
             step.append(run(path, queries))
         print(f"read ahead {ahead[-1]:.2f} s, in step {step[-1]:.2f} s", flush=True)
     a, s = statistics.median(ahead), statistics.median(step)

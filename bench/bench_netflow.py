@@ -77,8 +77,8 @@ def _sender(payloads, dest, rate, seconds, q):
 
 
 def _engine(spool_dir: Path):
-    from collector.engine import Engine
-    from collector.spool import Spool
+    from collector.pipeline.engine import Engine
+    from collector.pipeline.spool import Spool
     from planner.plan import build_plan
     from planner.query import parse_queries
     engine = Engine(Spool(spool_dir, policy="drop"), "flows", probe="bench")
@@ -155,7 +155,7 @@ def bench_load(rates: list[float], seconds: float) -> dict:
 def bench_spark(rate: float, seconds: float) -> dict:
     """The daemon's collector with Spark: listener -> engine -> spool -> Spark job."""
     from collector.config import SourceConfig, load_settings
-    from collector.service import Collector
+    from collector.daemon.service import Collector
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     with tempfile.TemporaryDirectory(prefix="flowsieve-bench-spark-") as tmp:

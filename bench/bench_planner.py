@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import median_time  # noqa: E402
 from bench.workloads import SEED, gigascope_matrix, gigascope_sql, random_matrix, trace  # noqa: E402
-from collector.asc_runtime import AscRuntime, asc_regions  # noqa: E402
-from collector.prefilter import (  # noqa: E402
+from collector.pipeline.asc_runtime import AscRuntime, asc_regions  # noqa: E402
+from collector.pipeline.prefilter import (  # noqa: E402
     _eval_atom_column,
     compile_prefilter,
     in_sorted,
@@ -31,7 +31,7 @@ from collector.prefilter import (  # noqa: E402
     prefilter_kernel,
     run_prefilter,  # noqa: E402
 )
-from collector.residual import Residual, eval_predicate  # noqa: E402
+from collector.pipeline.residual import Residual, eval_predicate  # noqa: E402
 from planner.asc import hybrid_arrows, macro_sequence  # noqa: E402
 from planner.cover import (  # noqa: E402
     Matrix,

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import write_result  # noqa: E402
 from collector.config import load_settings  # noqa: E402
-from collector.service import Collector  # noqa: E402
+from collector.daemon.service import Collector  # noqa: E402
 
 SIZES = (10, 100, 1000)
 REPEAT = 5

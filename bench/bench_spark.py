@@ -171,8 +171,8 @@ def run_one(mode: str, kind: str, n: int, nq: int, out: Path) -> None:
     elif mode == "naive":
         answers, rows_in, done = _naive(spark, path, queries, work, stages, t1)
     else:
+        from api.replay import replay
         from collector.metrics import Metrics
-        from collector.replay import replay
         settings = Settings(initial_queries=None, lfta={"enabled": mode != "per_tuple"},
                             spool={"format": "arrow" if mode == "full_arrow" else "parquet"},
                             replay_workers=2 if mode == "full_2proc" else 0)
@@ -477,9 +477,9 @@ def fixed_cost(repeat: int) -> dict:
 
 def _samples(path, queries, n: int) -> dict:
     """The tuple sample ``replay`` plans on (its measuring pass over the first tuples)."""
+    from api.replay import measure
     from collector.config import Settings
-    from collector.replay import measure
-    from collector.spool import Spool
+    from collector.pipeline.spool import Spool
     from planner.plan import build_plan
     with tempfile.TemporaryDirectory(dir=CACHE) as d:
         return measure(path, build_plan(queries), Spool(d), Settings(initial_queries=None))[1]
@@ -495,8 +495,8 @@ def lfta_tree_vs_per_query(kind: str, n: int, repeat: int) -> dict:
     from capture.pcap import open_capture
     from capture.unpack import unpack
     from collector.config import LftaConfig
-    from collector.lfta import NodeTable
-    from collector.prefilter import compile_prefilter, run_prefilter
+    from collector.pipeline.lfta import NodeTable
+    from collector.pipeline.prefilter import compile_prefilter, run_prefilter
     from planner.plan import build_plan
     path, p = trace(kind, n, CACHE)
     out = {}

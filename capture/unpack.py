@@ -9,7 +9,7 @@ The kernels are compiled without numba's runtime (its ``_nrt`` option): they all
 and with the runtime every helper inlined into the loop that took an array counted a reference
 to it and gave it back, two atomic operations per call and packet. The backbone bench's
 50-query set (22 fields) took 127 ns per packet to unpack with them, 40 without
-(``collector/lfta.py``'s merges likewise; a kernel that allocates does not compile so).
+(``collector/pipeline/lfta.py``'s merges likewise; a kernel that allocates does not compile so).
 """
 
 from __future__ import annotations

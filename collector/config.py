@@ -168,7 +168,7 @@ class AscConfig(BaseModel):
 
 
 class ResidualConfig(BaseModel):
-    """The residual stage (collector/residual.py): predicates the prefilter did not decide."""
+    """The residual stage (collector/pipeline/residual.py): the predicates the prefilter left."""
 
     ordering: Literal["a-greedy", "sweep", "independent", "localswaps", "cost"] = Field(
         "a-greedy", description="how residual predicates are ordered: adaptively (seed 001: "
@@ -224,7 +224,7 @@ class OmConfig(BaseModel):
 
 
 class LftaConfig(BaseModel):
-    """Partial aggregation before the spool (collector/lfta.py): one hash table per node."""
+    """Partial aggregation before the spool (collector/pipeline/lfta.py): a table per node."""
 
     enabled: bool = Field(True, description="merge tuples into partial aggregates before the "
                           "spool (false: one spool row per tuple and node)")
@@ -362,8 +362,8 @@ class Settings(BaseSettings):
                                     "one per line (# comments); read again when it changes")
     predicates: dict[str, str] = Field(
         default_factory=dict, description="user predicates for WHERE: name -> "
-        "'package.module:function' (collector/functions.py); installed packages may also "
-        "offer them in the flowsieve.predicates entry-point group")
+        "'package.module:function' (collector/pipeline/user_predicates.py); installed "
+        "packages may also offer them in the flowsieve.predicates entry-point group")
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

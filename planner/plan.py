@@ -181,7 +181,7 @@ class Plan:
     def residual_order(self, stream: str) -> list[int]:
         """The stream's residual predicate ids in the order they start: cheapest first (a
         failed cheap predicate spares the expensive ones); A-Greedy reorders them on traffic
-        (collector/residual.py)."""
+        (collector/pipeline/residual.py)."""
         used = {p for qp in self.queries if qp.query.stream == stream for p in qp.residual}
         return sorted(used, key=lambda p: (self.predicates[p].cost, p))
 

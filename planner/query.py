@@ -31,7 +31,7 @@ from capture.fields import (
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 NAME_LINE_RE = re.compile(r"^\s*--\s*name:\s*(\S+)\s*$")
-RESIDUAL_OPS = ("table", "call", "contains")  # decided by collector/residual.py only
+RESIDUAL_OPS = ("table", "call", "contains")  # decided by collector/pipeline/residual.py only
 USER_PREDICATE_COST = 50.0  # a Python call per value (cached by value)
 MAX_CONJUNCTS = 256  # conditions ANDed in one WHERE or HAVING (1,000 would be no real query)
 # sqlglot's expression classes as the operators people wrote (for its "missing" errors)
@@ -59,13 +59,12 @@ class QueryError(ValueError):
 class Atom:
     """One comparison of a field with constants.
 
-    ``op`` is one of = != < <= > >= in between prefix mask regexp table call. ``values`` holds
-    ints, strings, for ``mask`` the bit test ``(field & m) = v`` as (m, v), for ``prefix`` the
-    network as (16-byte integer, prefix length over 128 bits), for
-    ``table`` the name of a configured prefix table (collector/tables.py), for ``call`` a user
-    predicate's name and its constant arguments (collector/functions.py).
-    ``negated`` applies to in, between, prefix, mask, regexp, table and call (the others fold
-    NOT into ``op``).
+    ``op`` is one of = != < <= > >= in between prefix mask regexp table call. ``values`` holds ints,
+    strings, for ``mask`` the bit test ``(field & m) = v`` as (m, v), for ``prefix`` the network as
+    (16-byte integer, prefix length over 128 bits), for ``table`` the name of a configured prefix
+    table (collector/pipeline/prefix_tables.py), for ``call`` a user predicate's name and its
+    constant arguments (collector/pipeline/user_predicates.py). ``negated`` applies to in, between,
+    prefix, mask, regexp, table and call (the others fold NOT into ``op``).
     """
 
     field: str
@@ -79,7 +78,7 @@ class Atom:
             return False
         c = self.values
         if self.op in RESIDUAL_OPS:
-            raise ValueError(f"{self.text} is evaluated by collector/residual.py")
+            raise ValueError(f"{self.text} is evaluated by collector/pipeline/residual.py")
         if self.op == "prefix":
             mask = ((1 << 128) - 1) ^ ((1 << (128 - c[1])) - 1)
             return ((v & mask) == c[0]) != self.negated
@@ -894,7 +893,7 @@ class _Builder:
                     raise self.err(f"bad regular expression {lit.this!r}: {e}", lit) from e
                 return Atom(f, "regexp", (lit.this,), negated)
             if args and isinstance(args[0], exp.Column) and NAME_RE.match(fname):
-                # a user predicate (collector/functions.py checks the name at registration)
+                # a user predicate (pipeline/user_predicates.py checks the name when registered)
                 f = self.field_name(args[0])
                 consts = []
                 for lit in args[1:]:

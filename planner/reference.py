@@ -2,7 +2,7 @@
 plain and slow, written to be obviously right rather than fast.
 
 - ``simulate``: an ASC evaluation sequence (macro or hybrid) run on a sample in numpy, as the
-  numba kernel of collector/asc_runtime.py runs it; the kernel is tested against it.
+  numba kernel of collector/pipeline/asc_runtime.py runs it; the kernel is tested against it.
 - ``best_fixed_order``: the fixed ASC order with the fewest evaluations, by dynamic programming
   over attribute subsets (the baseline A-Greedy-style orderings are measured against).
 - ``maximal_rectangles`` and ``exact_cover``: the minimum rectangle covering of the prefilter

@@ -1,11 +1,11 @@
 """Sizes of aggregate-tree nodes, ``sz(v)`` in seed 002: partial rows per period.
 
 Measured sizes come from a sample of the tuples that passed the prefilter (the engine takes it,
-collector/sampling.py): for a node (keys, slots), the sampled tuples of its filter, per window,
-go into an Apache DataSketches HLL keyed by (the node's fields, the query-bit pattern on its
-slots) — the distinct partial rows the node would hold in the sample. A sample sees a fraction
-``f`` of the tuples, and distinct counts do not scale by ``1/f``. ``distinct_estimate`` scales
-them by Haas, Naughton, Seshadri and Stokes' hybrid (VLDB 1995): a chi-square test of how evenly
+collector/pipeline/sampling.py): for a node (keys, slots), the sampled tuples of its filter, per
+window, go into an Apache DataSketches HLL keyed by (the node's fields, the query-bit pattern on its
+slots) — the distinct partial rows the node would hold in the sample. A sample sees a fraction ``f``
+of the tuples, and distinct counts do not scale by ``1/f``. ``distinct_estimate`` scales them by
+Haas, Naughton, Seshadri and Stokes' hybrid (VLDB 1995): a chi-square test of how evenly
 the sample's tuples fall on its groups picks, for low skew, the count ``D`` whose expected
 distinct count in a sample of that size is the sample's (every group equally likely:
 ``D · (1 − (1 − 1/D)^n) = d``, solved by bisection), and for high skew Shlosser's estimator. On
@@ -173,7 +173,7 @@ class NodeSizes:
         if got is None:
             got = self._measure(v) if self._sampled(v) else self._guess(v)
             if any(string_key(self.stream, k) for k in v.keys):
-                # the LFTA keeps no table on a string key (collector/lfta.py NodeTable):
+                # the LFTA keeps no table on a string key (collector/pipeline/lfta.py NodeTable):
                 # every tuple of such a node is a row of its own
                 got = max(got, self.tuples_of(v))
             self._cache[v] = got

@@ -10,10 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = Path(__file__).resolve().parent / "data"
-SHARED = ROOT.parent / "shared" / "data"
-STRICT = os.environ.get("FLOWSIEVE_STRICT") == "1"
+from tests.helpers import BIG_WINDOW, STRICT, many_groups, need
 
 # CI draws the same examples on every run (a new failing example would fail an unrelated
 # submission) and times none of them (a busy machine gives the same verdict); a developer's
@@ -23,57 +20,9 @@ settings.register_profile("ci", derandomize=True, database=None, print_blob=True
 settings.register_profile("dev", print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") or STRICT else "dev")
 
-# under FLOWSIEVE_STRICT=1 every skip, by whatever path, fails (tests/strict.py)
-pytest_plugins = ["tests.strict"]
-
-
-def need(condition: bool, reason: str) -> None:
-    """Skip with a visible reason, except under FLOWSIEVE_STRICT=1 where nothing may skip."""
-    if condition:
-        return
-    if STRICT:
-        pytest.fail(f"FLOWSIEVE_STRICT=1 and {reason}")
-    pytest.skip(reason)
-
-
-def need_tool(name: str) -> str:
-    path = shutil.which(name)
-    need(path is not None, f"{name} is not installed (apt-get install -y {name})")
-    return path
-
-
-def capture(name: str) -> Path:
-    """A capture from tests/data (permissive licences) or ../shared/data (GPL samples)."""
-    local = DATA / "pcap" / name
-    if local.exists():
-        return local
-    shared = SHARED / "pcap" / name
-    need(shared.exists(), f"{shared} is absent (GPL sample, not copied into the repository)")
-    return shared
-
-
-def flow_data(rel: str) -> Path:
-    """A NetFlow/IPFIX sample from tests/data/netflow or ../shared/data/netflow (AGPL/GPL)."""
-    local = DATA / "netflow" / rel
-    if local.exists():
-        return local
-    shared = SHARED / "netflow" / rel
-    need(shared.exists(), f"{shared} is absent (AGPL/GPL sample, not copied into the "
-         "repository)")
-    return shared
-
-
-def samples(kind: str, pattern: str, exclude: frozenset[str] | set[str] = frozenset()):
-    """Parameters for every sample file of ``kind`` (pcap, netflow) in tests/data and in
-    ../shared/data. When ../shared/data is absent its (GPL) samples are one visibly skipped
-    parameter, never a silently shorter list (and under FLOWSIEVE_STRICT=1 a failure)."""
-    names = {p.name for p in (DATA / kind).glob(pattern)}
-    if (SHARED / kind).is_dir():
-        names |= {p.name for p in (SHARED / kind).glob(pattern)}
-        return sorted(names - set(exclude))
-    missing = pytest.param(None, id="shared-absent", marks=pytest.mark.skip(
-        reason=f"{SHARED / kind} is absent: its GPL/AGPL samples are not tested"))
-    return [*sorted(names - set(exclude)), missing]
+# under FLOWSIEVE_STRICT=1 every skip, by whatever path, fails (tests/strict.py);
+# a test that starts a JVM or a daemon is slow by construction (tests/lanes.py)
+pytest_plugins = ["tests.strict", "tests.lanes"]
 
 
 @pytest.fixture(scope="session")
@@ -91,29 +40,6 @@ def spark(tmp_path_factory):
     session.stop()
 
 
-def many_groups(path: Path, n: int, t0_s: int = 1_700_000_040) -> None:
-    """``n`` UDP packets in one minute from ``t0_s`` (a minute boundary), each its own
-    (source, destination, source port): a window of ``n`` groups."""
-    import numpy as np
-
-    from bench.traces import write_pcap
-    i = np.arange(n)
-    src = np.zeros((n, 16), np.uint8)
-    src[:, 10:12] = 0xFF
-    src[:, 12:] = (0x0A000000 + i // 7).astype(">u4").view(np.uint8).reshape(-1, 4)
-    dst = src.copy()
-    dst[:, 12] = 192
-    write_pcap(path, {
-        "ts_us": t0_s * 1_000_000 + i * (50_000_000 // n), "wirelen": np.full(n, 60),
-        "ipv": np.full(n, 4), "proto": np.full(n, 17), "src": src, "dst": dst,
-        "ttl": np.full(n, 64), "sport": 1024 + i % 7, "dport": np.full(n, 9999),
-        "flags": np.zeros(n, np.int64), "icmp_type": np.zeros(n, np.int64),
-        "qname": np.full(n, -1), "dns_qr": np.zeros(n, np.int64)}, 128)
-
-
-BIG_WINDOW = 4_000_000  # groups in one window (issue 41)
-
-
 @pytest.fixture(scope="session")
 def big_window(tmp_path_factory) -> Path:
     """A capture whose one minute holds 4 million groups of (source, destination, source
@@ -123,28 +49,3 @@ def big_window(tmp_path_factory) -> Path:
     return path
 
 
-class PeakRss:
-    """The peak resident memory of a running process (its kernel's high-water mark, read until
-    it exits)."""
-
-    def __init__(self, pid: int):
-        import threading
-        self.pid, self.peak = pid, 0
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.05):
-            try:
-                with open(f"/proc/{self.pid}/status") as f:
-                    for line in f:
-                        if line.startswith("VmHWM:"):
-                            self.peak = max(self.peak, int(line.split()[1]) * 1024)
-            except (FileNotFoundError, ProcessLookupError):
-                return
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._t.join()
-        return self.peak

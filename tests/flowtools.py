@@ -3,11 +3,14 @@ nfdump's CSV."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import subprocess
 from pathlib import Path
 
 import dpkt
+
+from tests.helpers import DATA
 
 FLOW_PORTS = (2055, 4739, 9995, 9996, 9990, 9991, 9992)
 # template capture fed ahead of each data capture (SOURCES.md pairs them)
@@ -145,3 +148,23 @@ def _shark_record(rec: dict) -> dict:
         else:
             r[field] = int(v, 0)
     return r
+
+
+LOGSTASH = DATA / "netflow" / "logstash-dat"
+
+
+HEX = DATA / "netflow" / "python-netflow-hex"
+
+
+def ms_text(ns: int) -> str:
+    t = dt.datetime.fromtimestamp(ns // 1_000_000 / 1000, dt.UTC)
+    return t.strftime("%Y-%m-%d %H:%M:%S.") + f"{ns // 1_000_000 % 1000:03d}"
+
+
+def as_nfdump(r: dict) -> tuple:
+    proto = {v: k for k, v in PROTOCOLS.items()}.get(r["protocol"], str(r["protocol"]))
+    icmp = r["protocol"] in (1, 58)
+    dp = f"{r['icmp_type']}.{r['icmp_code']}" if icmp else str(r["dst_port"])
+    return (ms_text(r["first_switched"]), ms_text(r["last_switched"]), proto, r["src_ip"],
+            "0" if icmp else str(r["src_port"]), r["dst_ip"], dp, r["packets"], r["bytes"],
+            flags_text(r["tcp_flags"] or 0))

@@ -21,7 +21,7 @@ from bench.peers.tools import (
 from bench.spark_queries import columns, truth
 from bench.traces import trace
 from planner.query import parse_queries
-from tests.conftest import need
+from tests.helpers import need
 
 
 def test_query_file_holds_every_form_of_the_shared_filters():

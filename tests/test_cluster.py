@@ -24,13 +24,12 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
+from api.replay import replay
 from collector.config import Settings
-from collector.replay import replay
 from planner.query import parse_single
-from tests.conftest import ROOT, need
+from tests.helpers import ROOT, need
+from tests.processes import PERIOD, Feeder, answers, free_port, metric, wait_for, whole_windows
 from tests.reference import rows_of
-from tests.test_daemon import free_port, metric, wait_for
-from tests.test_hot_swap import PERIOD, Feeder, answers, whole_windows
 
 pytestmark = pytest.mark.slow
 
@@ -399,8 +398,8 @@ def test_a_window_of_four_million_groups_on_the_cluster(tmp_path, cluster, big_w
     destination, source port)) through the daemon on the cluster, the driver at
     ``spark.driver_memory: 512m``: every group answered once by the executors, and the daemon's
     Python process never above 1 GiB resident while it does."""
-    from collector.results import read_results
-    from tests.conftest import BIG_WINDOW, PeakRss
+    from collector.daemon.results import read_results
+    from tests.helpers import BIG_WINDOW, PeakRss
     results, events = tmp_path / "results", tmp_path / "events"
     events.mkdir()
     (tmp_path / "q.sql").write_text(

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import struct
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,7 +14,8 @@ import pytest
 from scapy.utils import RawPcapReader
 
 from collector.config import data_file
-from tests.conftest import ROOT, capture
+from tests.helpers import capture
+from tests.processes import daemon_config, metric, start_daemon, stop_daemon, wait_for
 from tests.reference import fields_of
 
 pytestmark = pytest.mark.slow
@@ -26,69 +24,16 @@ pytestmark = pytest.mark.slow
 Q123_5S = open(data_file("example.sql")).read().replace("time/60", "time/5")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def wait_for(fn, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except httpx.HTTPError as e:
-            last = e
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last})")
 
 
-def metric(text: str, name: str, labels: str = "") -> float:
-    for line in text.splitlines():
-        if line.startswith(name + (labels and "{" + labels + "}")) and not line.startswith("#"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
-def daemon_config(tmp_path, sources: list[str], queries: str | None) -> tuple[Path, int]:
-    """A test daemon's configuration (a small local Spark, 1 s trigger) with these source
-    lines (YAML flow mappings) and queries; its path and API port."""
-    port = free_port()
-    initial = "null"
-    if queries is not None:
-        (tmp_path / "q.sql").write_text(queries)
-        initial = str(tmp_path / "q.sql")
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(f"""
-var_dir: {tmp_path / 'var'}
-api: {{host: 127.0.0.1, port: {port}}}
-spark: {{master: "local[2]", driver_memory: 1g, shuffle_partitions: 2, trigger_s: 1,
-        class_archive: false}}
-initial_queries: {initial}
-sources:
-""" + "".join(f"  - {line}\n" for line in sources))
-    return cfg, port
 
 
-def start_daemon(cfg: Path, log) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "api.cli", "run", "--config", str(cfg)],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-def stop_daemon(proc: subprocess.Popen) -> None:
-    """SIGTERM, and SIGKILL if it does not stop within a minute."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@ import pytest
 from api.cli import CliError, check_exposure
 from capture.netflow import DEFAULT_FLOW_PORTS
 from collector.config import load_settings
-from tests.conftest import need
+from tests.helpers import need
+from tests.processes import v5_now
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -64,16 +65,6 @@ def test_container_config_needs_the_token_compose_passes(monkeypatch):
         (ROOT / "deploy" / "docker-compose.yml").read_text()
 
 
-def v5_now(template: bytes, seq: int, now: float) -> bytes:
-    """A NetFlow v5 datagram with the records of ``template`` (a real export), every flow
-    starting and ending at ``now``: sys_uptime and the records' first/last made equal."""
-    import struct
-    d = bytearray(template)
-    uptime = struct.unpack_from(">I", d, 4)[0]
-    struct.pack_into(">III", d, 8, int(now), int(now % 1 * 1e9), seq)
-    for i in range(struct.unpack_from(">H", d, 2)[0]):
-        struct.pack_into(">II", d, 24 + 48 * i + 24, uptime, uptime)
-    return bytes(d)
 
 
 @pytest.mark.slow
@@ -94,9 +85,8 @@ def test_the_containers_command_line(tmp_path):
     import httpx
     import yaml
 
-    from tests.capture.test_netflow import HEX
-    from tests.flowtools import read_hex
-    from tests.test_daemon import free_port, wait_for
+    from tests.flowtools import HEX, read_hex
+    from tests.processes import free_port, wait_for
     doc = yaml.safe_load((DEPLOY / "config.docker.yaml").read_text())
     port = free_port()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -229,6 +219,7 @@ def test_compose_services_cover_the_stack():
     assert state.registry_path.parent == state.var_dir
 
 
+@pytest.mark.slow  # asks Spark's own classes for their options (a JVM)
 def test_compose_names_only_what_the_image_has(monkeypatch):
     """Every port, path and command of the services run from the flowsieve image exists in
     it: ports exposed, folders created and owned by its user, the configuration's ports equal

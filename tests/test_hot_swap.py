@@ -10,28 +10,30 @@ in a replay with the others of its phase)."""
 from __future__ import annotations
 
 import random
-import struct
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
 
-import dpkt
 import httpx
 import pytest
-from scapy.utils import RawPcapReader
 
+from api.replay import replay
 from collector.config import Settings
-from collector.replay import replay
 from planner.query import parse_single
-from tests.conftest import capture
+from tests.processes import (
+    Feeder,
+    answers,
+    daemon_config,
+    metric,
+    start_daemon,
+    stop_daemon,
+    wait_for,
+    whole_windows,
+)
 from tests.reference import rows_of
-from tests.test_daemon import daemon_config, metric, start_daemon, stop_daemon, wait_for
 
 pytestmark = pytest.mark.slow
 
-PERIOD = 5  # the window of the queries of the tests that share these helpers
 SWAP = 2  # this test's window: two whole windows of each of 1,000 queries, soon
 STABLE = {
     "all": f"SELECT time/{SWAP} AS t, count(*) AS n, sum(wirelen) AS b FROM packets "
@@ -65,64 +67,10 @@ def churn_queries(n: int, seed: int) -> dict[str, str]:
     return out
 
 
-class Feeder(threading.Thread):
-    """Appends the sample capture's packets to a pcap in a loop, ``per_tick`` every ``tick``
-    seconds (about 200 packets/s), stamped with the wall clock spread over the tick just past:
-    never later than written, so a packet stamped after a registration returned was read (and
-    processed) under the plan that registration made."""
-
-    def __init__(self, path, per_tick: int = 40, tick: float = 0.2):
-        super().__init__(daemon=True)
-        src = capture("ok.pcap")
-        with open(src, "rb") as fh:
-            self.frames = [buf for _, buf in dpkt.pcap.Reader(fh)]
-        self.wirelens = [meta.wirelen for _, meta in RawPcapReader(str(src))]
-        self.path, self.per_tick, self.tick = path, per_tick, tick
-        self.written = 0
-        self.stop = threading.Event()
-        with open(path, "wb") as f:
-            dpkt.pcap.Writer(f, snaplen=262144)
-
-    def run(self) -> None:
-        i = 0
-        with open(self.path, "ab") as f:
-            while not self.stop.is_set():
-                t0 = time.time()
-                for j in range(self.per_tick):
-                    k = i % len(self.frames)
-                    ts = t0 - self.tick + (j + 1) * self.tick / self.per_tick
-                    sec = int(ts)
-                    buf = self.frames[k]
-                    f.write(struct.pack("<IIII", sec, int((ts - sec) * 1e6), len(buf),
-                                        self.wirelens[k]) + buf)
-                    i += 1
-                f.flush()
-                self.written = i
-                self.stop.wait(self.tick)
 
 
-def answers(client: httpx.Client, name: str) -> tuple[list[dict], float]:
-    """A query's rows over REST (its output columns: the window's start and end, which every
-    row also carries, checked against its bucket) and the time before which they are
-    complete."""
-    r = client.get(f"/queries/{name}/results", params={"order": "oldest", "limit": 100_000})
-    r.raise_for_status()
-    body = r.json()
-    assert body["next_cursor"] is None
-    rows = []
-    for row in body["rows"]:
-        start = datetime.fromisoformat(row.pop("window_start")).timestamp()
-        end = datetime.fromisoformat(row.pop("window_end")).timestamp()
-        assert start == row["t"] * (end - start), row
-        rows.append(row)
-    return rows, body["complete_before"]
 
 
-def whole_windows(rows: list[dict], since: float, before: float, period: int = PERIOD
-                  ) -> list[dict]:
-    """Rows of the windows starting at or after ``since`` and before ``before``."""
-    return sorted((r for r in rows if since <= r["t"] * period < before),
-                  key=lambda r: sorted((k, str(v)) for k, v in r.items()))
 
 
 def test_register_and_delete_1000_queries_under_traffic(tmp_path, spark):

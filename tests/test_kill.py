@@ -22,14 +22,22 @@ from collections import Counter
 import httpx
 import pytest
 
-from collector.replay import replay
+from api.replay import replay
 from planner.query import parse_queries
-from tests.capture.test_netflow import HEX
-from tests.flowtools import read_hex
+from tests.flowtools import HEX, read_hex
+from tests.processes import (
+    PERIOD,
+    Feeder,
+    answers,
+    daemon_config,
+    metric,
+    start_daemon,
+    stop_daemon,
+    v5_now,
+    wait_for,
+    whole_windows,
+)
 from tests.reference import rows_of
-from tests.test_daemon import daemon_config, metric, start_daemon, stop_daemon, wait_for
-from tests.test_deploy import v5_now
-from tests.test_hot_swap import PERIOD, Feeder, answers, whole_windows
 
 pytestmark = pytest.mark.slow
 

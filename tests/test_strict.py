@@ -7,7 +7,11 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+import pytest
+
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.slow  # runs pytest itself, in processes of its own
 
 SKIPPING = '''
 import pytest

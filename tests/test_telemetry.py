@@ -11,12 +11,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from api.replay import replay
 from bench.telemetry.attacks import COLUMNS, capture, expected_keys, frame, truth
 from collector.config import Settings
-from collector.replay import replay
 from planner.query import parse_queries
+from tests.processes import daemon_config, start_daemon, stop_daemon, wait_for
 from tests.reference import packets, rows_of
-from tests.test_daemon import daemon_config, start_daemon, stop_daemon, wait_for
 
 pytestmark = pytest.mark.slow
 APPS = Path(__file__).parent.parent / "bench" / "telemetry" / "apps.sql"

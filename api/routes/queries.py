@@ -12,8 +12,8 @@ from pydantic import BaseModel, Field
 from api.deps import CollectorDep
 from api.formats import columns as printed_columns
 from api.formats import csv_header, csv_rows, json_lines, parquet_bytes
-from collector.registry import QueryExists
-from collector.results import CursorError, page, page_windows
+from collector.daemon.registry import QueryExists
+from collector.daemon.results import CursorError, page, page_windows
 from planner.query import QueryError
 
 router = APIRouter(prefix="/queries", tags=["queries"])

@@ -229,8 +229,8 @@ def _pass(mode: str, spark, path: Path) -> dict:
     elif mode == "naive":
         answers, rows_in = _naive(spark, path, work, stages, t1)
     else:
+        from api.replay import replay
         from collector.metrics import Metrics
-        from collector.replay import replay
         metrics = Metrics()
         res = replay(path, parse_queries(APPS.read_text()), work, spark, settings=settings,
                      metrics=metrics)

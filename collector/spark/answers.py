@@ -2,7 +2,7 @@
 Spark's executors (``collector/spark/derive.py`` hands each (answer, window) group to it).
 
 Partial rows of the query's aggregate-tree node are merged to the query's keys (numba hash
-groups, ``collector/grouping.py``), distinct values counted and HyperLogLog sketches estimated,
+groups, ``grouping.py``), distinct values counted and HyperLogLog sketches estimated,
 HAVING and ORDER BY … LIMIT applied; a WITH query's parts are joined; addresses are printed.
 Everything is vectorised over Arrow columns: no Python object per row.
 """
@@ -17,9 +17,9 @@ import pyarrow.compute as pc
 from sqlglot import exp
 
 from capture.fields import BYTES, IP, SKETCH, TS, fields, ip_text, key_field, measures
-from collector.grouping import group_ids, key_words, list_column, reduce_column
 from collector.keys import binary_buffers
-from collector.lfta import I64_MAX  # the min of NULL measures only
+from collector.pipeline.lfta import I64_MAX  # the min of NULL measures only
+from collector.spark.grouping import group_ids, key_words, list_column, reduce_column
 from planner.query import Query, and_terms
 
 TS_US = pa.timestamp("us", tz="UTC")

@@ -178,7 +178,7 @@ def fan_out(folder: Folder, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Re
 def _combined(folder: Folder, rows: pa.RecordBatch) -> pa.RecordBatch:
     """Rows of one (slot, window, keys) merged into one: counts and sums added, minima and
     maxima kept (rows without sketches)."""
-    from collector.grouping import group_ids, key_words, reduce_column
+    from collector.spark.grouping import group_ids, key_words, reduce_column
     keys = ["q", "window_start", *(f"k{i}" for i in range(len(folder.keys)))]
     gid, first = group_ids(key_words([rows.column(k) for k in keys], rows.num_rows))
     n = len(first)
@@ -307,8 +307,8 @@ def selected(folder: Folder, batches: Iterator[pa.RecordBatch]
              ) -> Iterator[tuple[Query, pa.Table]]:
     """A selection folder's tuples as each query's projected rows (vectorised over
     ``qmask``)."""
+    from collector.pipeline.spool import qmask_words
     from collector.spark.answers import project_selection
-    from collector.spool import qmask_words
     from planner.slots import has_slot, slots_of
     for b in batches:
         if not b.num_rows:

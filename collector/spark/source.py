@@ -20,7 +20,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-from collector.spool import file_seq, list_files, schema_for, spark_ddl
+from collector.pipeline.spool import file_seq, list_files, schema_for, spark_ddl
 
 START = {"batch": -1, "files": [], "prev": []}
 

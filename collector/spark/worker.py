@@ -12,8 +12,8 @@ def preload() -> None:
     import numpy as np
     import pyarrow as pa
 
-    from collector.grouping import group_ids, key_words, reduce_column
     from collector.spark import answers, derive  # noqa: F401 - imported for the workers
+    from collector.spark.grouping import group_ids, key_words, reduce_column
     gid, first = group_ids(key_words([np.zeros(2, np.int64)], 2))
     reduce_column(pa.array([1, 2], pa.int64()), gid, len(first), "sum")
 

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from collector.config import load_settings
-from collector.service import Collector
+from collector.daemon.service import Collector
 
 
 @pytest.fixture
@@ -130,8 +130,7 @@ def test_exporters_of_a_flow_listener(tmp_path):
     import time
 
     from collector.config import SourceConfig
-    from tests.capture.test_netflow import HEX
-    from tests.flowtools import read_hex
+    from tests.flowtools import HEX, read_hex
     src = SourceConfig(type="netflow", name="nf", listen=["127.0.0.1:0"],
                        sampling={"127.0.0.1": 10})
     c = Collector(load_settings(var_dir=tmp_path / "var", sources=[src]))
@@ -203,7 +202,7 @@ def test_prefilter_shows_the_residual_order(tmp_path):
     """GET /prefilter says in which order each engine runs its residual predicates, how often
     the order changed and how the value cache does."""
     from capture.pcap import open_capture
-    from tests.conftest import capture
+    from tests.helpers import capture
     c = Collector(load_settings(var_dir=tmp_path / "var", initial_queries=None))
     c.start(with_sources=False, with_spark=False)
     try:
@@ -228,9 +227,9 @@ def test_prefilter_shows_om_charts_and_user_predicates_register(tmp_path):
     counters in ``om_runtime`` and the metrics; a query calling a configured user predicate
     registers, one calling an unknown one is refused with its line and column."""
     from capture.pcap import open_capture
-    from tests.conftest import capture
+    from tests.helpers import capture
     c = Collector(load_settings(var_dir=tmp_path / "var", initial_queries=None, predicates={
-        "is_private": "tests.collector.user_predicates:is_private"}))
+        "is_private": "tests.collector.pipeline.user_predicates:is_private"}))
     c.start(with_sources=False, with_spark=False)
     try:
         c.register("private", "SELECT time/60 AS t, src_ip, count(*) AS n FROM packets WHERE "

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 
 from api.app import create_app
 from collector.config import load_settings
-from collector.service import Collector
+from collector.daemon.service import Collector
 
 ADMIN = "admin-token-0123456789abcdef"
 READER = "read-token-0123456789abcdef"

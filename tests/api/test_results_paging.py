@@ -1,6 +1,6 @@
 """Results by time range, paged, in three formats: every row of every closed window comes back
 exactly once across the pages, in the documented order, while new windows arrive between
-pages. The answer files are written as Spark's sink writes them (collector.results)."""
+pages. The answer files are written as Spark's sink writes them (collector.daemon.results)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from collector.config import load_settings
-from collector.service import Collector
+from collector.daemon.service import Collector
 
 SQL = ("SELECT time/60 AS t, protocol, count(*) AS n FROM packets "
        "GROUP BY time/60, protocol ORDER BY n DESC")

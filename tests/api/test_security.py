@@ -4,16 +4,14 @@ refusing to expose an API without a token. Real HTTP requests through FastAPI's 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.security import scope_of
 from collector.config import load_settings
-from collector.service import Collector
+from collector.daemon.service import Collector
+from tests.processes import cli
 
 ADMIN = "admin-token-0123456789abcdef"
 READER = "read-token-0123456789abcdef"
@@ -121,8 +119,7 @@ def test_scope_of_compares_every_token():
 def test_run_refuses_an_exposed_api_without_a_token(tmp_path, host):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"api: {{host: '{host}'}}\nvar_dir: {tmp_path / 'var'}\n")
-    r = subprocess.run([sys.executable, "-m", "api.cli", "run", "--config", str(cfg)],
-                       capture_output=True, text=True, timeout=120)
+    r = cli("run", "--config", str(cfg), timeout=120)
     assert r.returncode != 0
     lines = r.stdout.strip().splitlines() + r.stderr.strip().splitlines()
     assert lines == [f"error: api.host is {host}, not a loopback address, and no token is "

@@ -16,9 +16,8 @@ import pytest
 
 from capture.listen import FlowListener, parse_address
 from capture.netflow import Decoder, FlowBatch
-from tests.capture.test_netflow import HEX
-from tests.conftest import capture, need_tool
-from tests.flowtools import read_hex
+from tests.flowtools import HEX, read_hex
+from tests.helpers import capture, need_tool
 
 
 def test_parse_address():
@@ -153,8 +152,8 @@ def test_live_softflowd_to_flowsieve_and_nfcapd(version, tmp_path):
                           env={**os.environ, "TZ": "UTC"}).stdout
     want = sorted(tuple(x.strip() for x in line.split(",")) for line in text.splitlines()
                   if line.strip())
-    from tests.capture.test_netflow import _as_nfdump
-    got = [_as_nfdump(r)[:9] for r in FlowBatch.concat(out).rows()]
+    from tests.flowtools import as_nfdump
+    got = [as_nfdump(r)[:9] for r in FlowBatch.concat(out).rows()]
     got = sorted(tuple(str(x) for x in g) for g in got)
     if version == "9":  # nfdump 1.7.1 ignores icmpTypeCodeIPv6 (139) in v9
         got = sorted(g[:6] + ("0.0",) + g[7:] if g[2] == "ICMP6" else g for g in got)

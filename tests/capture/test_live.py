@@ -19,11 +19,11 @@ from capture.bpf import compile_filter
 from capture.live import LiveCapture, RingConfig
 from capture.pcap import open_capture
 from capture.unpack import unpack
-from collector.prefilter import compile_prefilter, run_prefilter
-from collector.residual import Residual
+from collector.pipeline.prefilter import compile_prefilter, run_prefilter
+from collector.pipeline.residual import Residual
 from planner.plan import build_plan
 from planner.query import parse_queries
-from tests.conftest import capture, need, need_tool
+from tests.helpers import capture, need, need_tool
 
 pytestmark = pytest.mark.slow
 
@@ -225,7 +225,7 @@ def test_daemon_exports_kernel_statistics(veth, tmp_path):
     from prometheus_client import generate_latest
 
     from collector.config import load_settings
-    from collector.service import Collector
+    from collector.daemon.service import Collector
     qfile = tmp_path / "q.sql"
     qfile.write_text(QUERIES)
     settings = load_settings(None, var_dir=tmp_path / "var", initial_queries=str(qfile),

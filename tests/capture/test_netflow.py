@@ -4,7 +4,6 @@ nfdump's CSV of the same export)."""
 from __future__ import annotations
 
 import csv
-import datetime as dt
 import struct
 from pathlib import Path
 
@@ -17,12 +16,12 @@ from capture.netflow import (
     TemplateStore,
     capture_flows,
 )
-from tests.conftest import DATA, SHARED, flow_data, need_tool, samples
 from tests.flowtools import (
     FLOW_PORTS,
+    HEX,
+    LOGSTASH,
     PAIRS,
-    PROTOCOLS,
-    flags_text,
+    as_nfdump,
     merged,
     read_hex,
     split_payloads,
@@ -30,12 +29,10 @@ from tests.flowtools import (
     tshark_records,
     write_pcap,
 )
+from tests.helpers import SHARED, flow_data, need_tool, samples
 
-LOCAL = DATA / "netflow"
 SHARED_NF = SHARED / "netflow"
 PCAPS = samples("netflow", "*.pcap", exclude=set(PAIRS.values()))
-LOGSTASH = LOCAL / "logstash-dat"
-HEX = LOCAL / "python-netflow-hex"
 
 
 def export_capture(name: str, tmp_path: Path) -> Path:
@@ -143,18 +140,8 @@ def _nfdump_rows(path: Path) -> list[tuple]:
     return sorted(rows)
 
 
-def _ms(ns: int) -> str:
-    t = dt.datetime.fromtimestamp(ns // 1_000_000 / 1000, dt.UTC)
-    return t.strftime("%Y-%m-%d %H:%M:%S.") + f"{ns // 1_000_000 % 1000:03d}"
 
 
-def _as_nfdump(r: dict) -> tuple:
-    proto = {v: k for k, v in PROTOCOLS.items()}.get(r["protocol"], str(r["protocol"]))
-    icmp = r["protocol"] in (1, 58)
-    dp = f"{r['icmp_type']}.{r['icmp_code']}" if icmp else str(r["dst_port"])
-    return (_ms(r["first_switched"]), _ms(r["last_switched"]), proto, r["src_ip"],
-            "0" if icmp else str(r["src_port"]), r["dst_ip"], dp, r["packets"], r["bytes"],
-            flags_text(r["tcp_flags"] or 0))
 
 
 @pytest.mark.parametrize("src", ["test", "ok"])
@@ -167,7 +154,7 @@ def test_softflowd_exports_equal_nfdump(src, version):
     fb, d = decode_all(export)
     assert not d.errors
     want = _nfdump_rows(flow_data(f"{base}-nfdump-flows.csv"))
-    got = [_as_nfdump(r) for r in fb.rows()]
+    got = [as_nfdump(r) for r in fb.rows()]
     if version == "v9":
         # nfdump 1.7.1 ignores element 139 (icmpTypeCodeIPv6) in v9 and prints 0.0; the
         # ICMPv6 type and code are checked against tshark instead

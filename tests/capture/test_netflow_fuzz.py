@@ -8,8 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from capture.netflow import KERNEL_REASONS, Datagrams, Decoder
-from tests.capture.test_netflow import HEX, LOGSTASH
-from tests.flowtools import read_hex, split_payloads
+from tests.flowtools import HEX, LOGSTASH, read_hex, split_payloads
 
 SEEDS = (read_hex(HEX / "PACKET_V9_TEMPLATE.hex") + read_hex(HEX / "PACKETS_V9.hex")
          + read_hex(HEX / "PACKET_IPFIX_TEMPLATE.hex") + read_hex(HEX / "PACKET_IPFIX.hex")

@@ -9,7 +9,7 @@ from scapy.utils import RawPcapReader
 
 from capture.errors import DecodeError
 from capture.pcap import open_capture, split_pcap
-from tests.conftest import capture, samples
+from tests.helpers import capture, samples
 
 READABLE = samples("pcap", "*.pcap", exclude={"unexpected_eof_on_second_packet.pcap",
                                              "partial_first_header.pcap",

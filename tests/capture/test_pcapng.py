@@ -18,7 +18,7 @@ from scapy.utils import RawPcapNgReader
 from capture.errors import DecodeError
 from capture.pcap import open_capture
 from capture.pcapng import REASONS
-from tests.conftest import DATA, capture, need_tool
+from tests.helpers import DATA, capture, need_tool
 
 PCAPNG = ["pcapng-multi-interface.pcapng", "cooper-grill-dvwa.pcapng", "dhcp.pcapng"]
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from capture.fields import IP, fields, ip_text
 from capture.pcap import open_capture
 from capture.unpack import unpack
-from tests.conftest import capture, samples
+from tests.helpers import capture, samples
 from tests.reference import FIELDS, packets
 
 CORRUPT = {"unexpected_eof_on_second_packet.pcap", "partial_first_header.pcap",

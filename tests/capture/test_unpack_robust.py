@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import DATA, ROOT
+from tests.helpers import DATA, ROOT
 
 SCRIPT = r"""
 import struct, sys
@@ -46,6 +46,7 @@ print(total)
 """
 
 
+@pytest.mark.slow  # compiles every kernel again with bounds checks
 @pytest.mark.timeout(600)  # a hang fails the test instead of stalling CI
 def test_mutated_frames_with_bounds_checking(tmp_path):
     names = [str(DATA / "pcap" / n) for n in ("ok.pcap", "wikipedia.pcap", "icmp6.pcap",

@@ -15,11 +15,11 @@ from capture.pcap import open_capture
 from capture.unpack import unpack
 from collector.config import LftaConfig
 from collector.keys import KeyLayout
-from collector.lfta import NodeTable
+from collector.pipeline.lfta import NodeTable
 from collector.spark.derive import Folder, fan_out
 from planner.query import parse_queries
 from planner.slots import slot_mask
-from tests.conftest import capture
+from tests.helpers import capture
 from tests.reference import packets
 
 KEYS = ("dst_port", "src_ip", "dns_qname", "protocol")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -135,9 +136,9 @@ PLAN_OF_A_CAPTURE = """
 import sys, tempfile
 from pathlib import Path
 from collector.config import Settings
-from collector.engine import maintained_nodes
-from collector.replay import DEFAULT_FLOW_PORTS, measured_plan
-from collector.spool import Spool
+from collector.pipeline.engine import maintained_nodes
+from api.replay import DEFAULT_FLOW_PORTS, measured_plan
+from collector.pipeline.spool import Spool
 from planner.plan import build_plan
 from planner.query import parse_queries
 queries = parse_queries(Path(sys.argv[1]).read_text())
@@ -150,6 +151,7 @@ for t in plan.trees:
 """
 
 
+@pytest.mark.slow  # plans in fresh interpreters
 def test_a_plan_is_the_same_in_every_process():
     """The measured plan of the telemetry applications (string keys, shared nodes) over a
     capture is the same whatever the process's string hashing (PYTHONHASHSEED): node sizes
@@ -159,7 +161,7 @@ def test_a_plan_is_the_same_in_every_process():
     import sys
     from pathlib import Path
 
-    from tests.conftest import capture
+    from tests.helpers import capture
     apps = Path(__file__).parents[2] / "bench" / "telemetry" / "apps.sql"
     out = set()
     for seed in ("1", "2", "3"):

@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from capture.fields import parse_prefix
 from capture.pcap import open_capture
 from capture.unpack import unpack
-from collector.asc_runtime import AscRuntime, asc_regions
-from collector.prefilter import compile_prefilter, kernel_inputs, run_prefilter
+from collector.pipeline.asc_runtime import AscRuntime, asc_regions
+from collector.pipeline.prefilter import compile_prefilter, kernel_inputs, run_prefilter
 from planner.asc import hybrid_arrows, macro_sequence
 from planner.plan import build_plan
 from planner.query import parse_queries
 from planner.reference import best_fixed_order, simulate
-from tests.conftest import capture
+from tests.helpers import capture
 from tests.reference import packets
 
 ASC_ALL = 1  # every attribute with a constant gets an ASC, as in the paper's model

@@ -16,8 +16,8 @@ from capture.pcap import open_capture
 from planner.bpf import bpf_expression
 from planner.plan import build_plan
 from planner.query import parse_queries
-from tests.collector.test_prefilter import ATOMS, FILES
-from tests.conftest import capture
+from tests.helpers import capture
+from tests.pipelines import ATOMS, FILES
 from tests.reference import packets
 
 FILES_ALL = (*FILES, "q-in-q.pcap", "ipv6-http-atomic-frag.pcap", "fragmented-3.pcap",

@@ -6,7 +6,7 @@ import json
 
 from planner.plan import build_plan
 from planner.query import parse_queries
-from tests.planner.test_query import Q123
+from tests.helpers import Q123
 
 
 def test_paper_figure_1():

@@ -5,17 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner.query import QueryError, parse_queries, parse_single
-
-Q123 = """-- name: udp_bw
-SELECT time/60 AS t, src_ip, dst_ip, sum(wirelen) AS bytes, count(*) AS pkts
-FROM packets WHERE protocol = 17 GROUP BY time/60, src_ip, dst_ip;
--- name: dns_req
-SELECT time/60 AS t, src_ip, dst_ip, sum(wirelen) AS bytes, count(*) AS pkts
-FROM packets WHERE protocol = 17 AND dst_port = 53 AND dns_qr = 0 GROUP BY time/60, src_ip, dst_ip;
--- name: dns_resp
-SELECT time/60 AS t, src_ip, dst_ip, sum(wirelen) AS bytes, count(*) AS pkts
-FROM packets WHERE protocol = 17 AND src_port = 53 AND dns_qr = 1 GROUP BY time/60, src_ip, dst_ip;
-"""
+from tests.helpers import Q123
 
 
 def test_design_queries():

@@ -1,0 +1,277 @@
+"""The stable command line: decode against tshark, plan JSON, one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from api.cli import main
+from collector.config import data_file
+from tests.helpers import ROOT, capture, need_tool
+from tests.processes import cli, cli_spark, one_error_line
+
+
+def test_decode_csv_equals_tshark():
+    """Addresses, ports, TTL and DNS question name of every packet, as tshark prints them."""
+    tshark = need_tool("tshark")
+    path = capture("wikipedia.pcap")
+    out = cli("decode", str(path), "--fields", "src_ip,dst_ip,src_port,dst_port,ttl,dns_qname")
+    assert out.returncode == 0, out.stderr
+    ours = list(csv.reader(io.StringIO(out.stdout)))
+    assert ours[0] == ["src_ip", "dst_ip", "src_port", "dst_port", "ttl", "dns_qname"]
+    ts = subprocess.run(
+        [tshark, "-n", "-r", str(path), "-T", "fields", "-E", "separator=,", "-E", "occurrence=f",
+         "-e", "ip.src", "-e", "ipv6.src", "-e", "ip.dst", "-e", "ipv6.dst", "-e", "tcp.srcport",
+         "-e", "udp.srcport", "-e", "tcp.dstport", "-e", "udp.dstport", "-e", "ip.ttl",
+         "-e", "ipv6.hlim", "-e", "dns.qry.name"],
+        capture_output=True, text=True, check=True).stdout.splitlines()
+    assert len(ts) == len(ours) - 1
+    for k, (mine, line) in enumerate(zip(ours[1:], ts, strict=True)):
+        f = line.split(",")
+        want = [f[0] or f[1], f[2] or f[3], f[4] or f[5], f[6] or f[7], f[8] or f[9],
+                f[10].lower() if mine[2] in ("53", "5353") or mine[3] in ("53", "5353") else ""]
+        assert mine == want, f"packet {k + 1}"
+
+
+def test_decode_json_and_stdin():
+    path = capture("dns_udp.pcap")
+    with open(path, "rb") as stdin:
+        out = cli("decode", "-", "--fields", "ts,dns_qr,dns_qname,vlan", "--format", "json",
+                  stdin=stdin, text=False, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.decode().splitlines()]
+    assert [r["dns_qr"] for r in rows] == [0, 1]
+    assert rows[0]["dns_qname"] == "www.tcpdump.org" and rows[0]["vlan"] is None
+    assert rows[0]["ts"] == 1591780794.740079
+
+
+def test_plan_json_contract():
+    out = cli("plan", "--queries", data_file("example.sql"), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert [q["name"] for q in doc["queries"]] == ["udp_bw", "dns_req", "dns_resp"]
+    assert [b["predicates"] for b in doc["bits"]] == [[0], [1, 2], [3, 4]]
+    assert doc["queries"][1]["signature"] == [0, 1]
+
+
+def test_errors_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.sql"
+    bad.write_text("SELECT ts FROM packets;\n-- name: x\nSELECT ts FROM packets\nWHERE nope = 1")
+    assert main(["plan", "--queries", str(bad)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {bad}: query x: line 4, column 7: unknown field 'nope' in stream "
+                   "packets"]
+    assert main(["decode", str(capture("partial_first_header.pcap"))]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.strip().endswith("truncated record header (file ends inside a 16-byte "
+                                         "record header) at byte 24")
+    assert captured.out.splitlines()[0].startswith("ts,time,")
+    assert main(["decode", str(capture("dns_udp.pcap")), "--fields", "nope"]) == 1
+    assert "unknown packets field 'nope'" in capsys.readouterr().err
+    assert main(["replay", "/nonexistent.pcap", "--queries", str(bad)]) == 1
+    assert main(["decode", str(capture("dns_udp.pcap")), "--stream", "flows", "--fields",
+                 "wirelen"]) == 1
+    assert "unknown flows field 'wirelen'" in capsys.readouterr().err
+    # a capture without export datagrams has no flow records: a header and nothing else
+    assert main(["decode", str(capture("dns_udp.pcap")), "--stream", "flows"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("exporter,observation_domain,")
+
+
+
+
+def test_decode_of_what_is_not_a_capture(tmp_path):
+    """Found by trying: a missing file and a directory printed a CSV header and a 17-line
+    traceback. Now: one line, nothing on stdout."""
+    one_error_line(cli("decode", "/nonexistent.pcap"), "/nonexistent.pcap does not exist")
+    one_error_line(cli("decode", str(tmp_path)), "is a directory")
+    one_error_line(cli("decode", "/nonexistent.pcap", "--stream", "flows"), "does not exist")
+
+
+def test_decode_of_an_unreadable_file(tmp_path):
+    """A file the user may not read. Root reads everything, so as root the command runs
+    without the capabilities that let it (setpriv, util-linux)."""
+    import os
+    path = tmp_path / "secret.pcap"
+    path.write_bytes(capture("dns_udp.pcap").read_bytes())
+    path.chmod(0)
+    cmd = [sys.executable, "-m", "api.cli", "decode", str(path)]
+    if os.geteuid() == 0:
+        cmd = [need_tool("setpriv"), "--bounding-set=-dac_override,-dac_read_search", *cmd]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    one_error_line(out, "cannot be read: Permission denied")
+
+
+def test_spark_failure_is_one_line():
+    """Spark refusing to start (a driver memory below its minimum) is one line naming the
+    reason and the JVM's log; the JVM's stack trace goes to that log, not the terminal."""
+    import os
+    out = cli_spark("replay", str(capture("ok.pcap")), "--queries", data_file("example.sql"),
+                    env={**os.environ, "FLOWSIEVE_SPARK__DRIVER_MEMORY": "100m"})
+    line = one_error_line(out, "Spark did not start", "Insufficient driver memory")
+    log = Path(line.rsplit("its log: ", 1)[1].rstrip(")"))
+    assert "SparkIllegalArgumentException" in log.read_text()
+    log.unlink()
+
+
+def test_replay_spool_over_its_bound_is_one_line(tmp_path):
+    """replay's spool is merged at the end of the input, so one over ``spool.max_bytes`` stops
+    the command with one line naming the setting (it never waits for a consumer)."""
+    import os
+    out = cli_spark("replay", str(capture("ok.pcap")), "--queries", data_file("example.sql"),
+                    env={**os.environ, "FLOWSIEVE_SPOOL__MAX_BYTES": "1000",
+                         "FLOWSIEVE_LFTA__ENABLED": "false"})
+    one_error_line(out, "reached spool.max_bytes (1000 bytes) before the end of the input")
+
+
+def test_spark_reason_of_an_out_of_memory_error():
+    """A JVM OutOfMemoryError (as Py4J's error text carries it) becomes advice on driver
+    memory; an error that is not Spark's is left alone."""
+    from collector.spark.session import failure_reason
+    e = RuntimeError("An error occurred while calling o123.collectToPython.\n"
+                     ": java.lang.OutOfMemoryError: Java heap space\n\tat java.base/...")
+    assert "ran out of memory" in failure_reason(e) and "driver_memory" in failure_reason(e)
+    assert failure_reason(ValueError("not Spark's")) is None
+
+
+def test_missing_java_is_one_line(tmp_path):
+    """Without java on PATH, replay says what to install before doing anything."""
+    import os
+    out = cli("replay", str(capture("ok.pcap")), "--queries", data_file("example.sql"),
+              timeout=120, env={**os.environ, "PATH": str(Path(sys.executable).parent)})
+    one_error_line(out, "Java not found", "openjdk-17")
+
+
+def test_run_on_a_port_in_use(tmp_path):
+    """The API port is checked before Spark starts: an immediate one-line error."""
+    import socket
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(f"var_dir: {tmp_path / 'var'}\napi: {{host: 127.0.0.1, port: {port}}}\n")
+        out = cli("run", "--config", str(cfg))
+    one_error_line(out, f"cannot listen on 127.0.0.1:{port}", "Address already in use")
+    assert not (tmp_path / "var" / "checkpoints").exists()
+
+
+def test_version_fields_and_help():
+    from capture.fields import fields
+    out = cli("--version")
+    assert out.returncode == 0 and out.stdout.startswith("flowsieve 0.")
+    out = cli("fields", "--stream", "flows", "--format", "json")
+    doc = json.loads(out.stdout)
+    assert [f["name"] for f in doc] == list(fields("flows"))
+    assert all(f["type"] and f["meaning"] for f in doc)
+    text = cli("fields").stdout
+    assert "dns_qname" in text and "est_bytes" in text
+    # every subcommand has a description and every flag a help text
+    from api.cli import parser
+    sub = next(a for a in parser()._actions if a.dest == "command")
+    assert set(sub.choices) == {"run", "replay", "decode", "plan", "fields"}
+    for name, p in sub.choices.items():
+        assert p.description, name
+        assert all(a.help for a in p._actions), name
+
+
+def test_progress_on_a_terminal_only():
+    """decode on a terminal shows a progress bar on it; into a pipe, nothing but the rows."""
+    import os
+    import pty
+    path = capture("wikipedia.pcap")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: stdout and stderr are the terminal
+        os.chdir(ROOT)
+        os.execv(sys.executable, [sys.executable, "-m", "api.cli", "decode", str(path)])
+    chunks = []
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.waitpid(pid, 0)
+    screen = b"".join(chunks).decode(errors="replace")
+    assert "decode packets" in screen  # the bar's label, drawn while reading
+    piped = cli("decode", str(path))
+    assert piped.returncode == 0 and piped.stderr == ""
+    assert "decode packets" not in piped.stdout
+
+
+def test_plan_command_prints_the_plan_the_daemon_runs(tmp_path):
+    """`flowsieve plan --config` compiles as the daemon does (one planner configuration): the
+    same bits, signatures, ASCs and residuals as GET /prefilter of a collector on that config.
+    Before, plan used unlimited bits while the daemon used a budget of 64."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from collector.config import load_settings
+    from collector.daemon.service import Collector
+    queries = tmp_path / "q.sql"
+    queries.write_text(Path(data_file("example.sql")).read_text() + """
+-- name: web
+SELECT time/60 AS t, count(*) AS n FROM packets WHERE protocol = 6 AND dst_port IN (80, 443, 8080)
+GROUP BY time/60;
+""")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"var_dir: {tmp_path / 'var'}\ninitial_queries: {queries}\n"
+                   "planner: {bit_budget: 2, max_j: 2}\nasc: {min_constants: 3}\n")
+    c = Collector(load_settings(cfg))
+    c.start(with_sources=False, with_spark=False)
+    try:
+        with TestClient(create_app(c)) as client:
+            daemon = client.get("/prefilter").json()
+    finally:
+        c.stop()
+    out = cli("plan", "--queries", str(queries), "--config", str(cfg), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    planned = json.loads(out.stdout)
+
+    def shape(doc):
+        preds = {p["id"]: p["text"] for p in doc["predicates"]}
+        return ([sorted(preds[i] for i in b["predicates"]) for b in doc["bits"]],
+                [(q["name"], q["signature"], q["ascs"], sorted(preds[i] for i in q["residual"]))
+                 for q in doc["queries"]],
+                [a["attribute"] for a in doc["ascs"]],
+                [(t["folder"], sorted(t["queries"].items())) for t in doc["aggregate_trees"]])
+    assert shape(planned) == shape(daemon)
+    # the aggregate tree of the 60 s folder: every query derived from one maintained node, never
+    # dearer than one aggregation per query
+    tree = planned["aggregate_trees"][0]
+    assert tree["folder"] == "60" and set(tree["queries"]) == {"udp_bw", "dns_req", "dns_resp",
+                                                              "web"}
+    assert tree["cost"] <= tree["naive_cost"]
+    maintained = {n["node"] for n in tree["nodes"] if n["maintained"]}
+    assert all(path[0] in maintained for path in tree["queries"].values())
+    assert len(planned["bits"]) == 2 and planned["ascs"]  # the budget and the ASC rule applied
+    # --bits overrides the config's budget
+    more = json.loads(cli("plan", "--queries", str(queries), "--config", str(cfg), "--bits",
+                          "none", "--format", "json").stdout)
+    assert len(more["bits"]) > 2
+
+
+def test_py4j_logs_no_traceback_of_a_lost_jvm():
+    """Py4J logs a connection lost to a dead JVM on the root logger with its traceback (seen
+    on a real JVM's OutOfMemoryError): a command prints only its one error line."""
+    import logging
+
+    from api.cli import quiet_py4j
+    root = logging.getLogger()
+    filters = list(root.filters)
+    try:
+        quiet_py4j()
+        record = root.makeRecord("root", logging.ERROR, "/x/site-packages/py4j/java_gateway.py",
+                                 1056, "Exception while sending command.", (), None)
+        assert not root.filter(record)
+        mine = root.makeRecord("root", logging.ERROR, "/x/collector/replay.py", 1, "kept", (),
+                               None)
+        assert root.filter(mine)
+    finally:
+        root.filters[:] = filters
+        logging.getLogger("py4j").setLevel(logging.NOTSET)

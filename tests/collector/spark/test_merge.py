@@ -1,0 +1,345 @@
+"""The HFTA when things go wrong: an unreadable spool file is set aside and counted, not a
+stopped query; a streaming query that fails is reported (metric, errors) and restarted after a
+back-off, and answers what the spool held meanwhile."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pyarrow.parquet as pq
+import pytest
+from prometheus_client import generate_latest
+from pyspark.sql import functions as F
+
+from capture.pcap import open_capture
+from collector.config import Settings, data_file
+from collector.daemon.results import read_results
+from collector.metrics import Metrics
+from collector.pipeline.engine import Engine
+from collector.pipeline.spool import Spool, list_files
+from collector.spark.merge import SparkJob, warm_up
+from planner.plan import build_plan
+from planner.query import parse_queries
+from tests.pipelines import answers_of, reference, shifted, spread
+from tests.processes import metric
+
+pytestmark = pytest.mark.slow
+
+
+def wait_for(cond, timeout: float, what: str) -> None:
+    """Poll ``cond`` until it holds; the bound only catches a hang."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def spooled(tmp_path, path, fmt: str = "parquet"):
+    """ok.pcap's example queries through one engine into a spool; the plan."""
+    queries = parse_queries(open(data_file("example.sql")).read())
+    plan = build_plan(queries, **Settings(initial_queries=None).plan_options())
+    spool = Spool(tmp_path / "spool", format=fmt)
+    engine = Engine(spool, "packets", watermark_delay_s=1)
+    engine.set_plan(plan)
+    for raw in open_capture(path, batch_size=100):
+        engine.process(raw)
+    engine.finish()
+    return plan, spool
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_unreadable_spool_file_is_skipped(spark, tmp_path, fmt):
+    """A torn file among good ones (a disk that lost its tail): the query does not stop and
+    answers everything else exactly. Arrow IPC files move to bad/ with their reason (counted);
+    Spark's Parquet reader skips them (spark.sql.files.ignoreCorruptFiles)."""
+    path, recs = spread(tmp_path, "ok.pcap", 0.5)
+    plan, spool = spooled(tmp_path, path, fmt)
+    folder = spool.folder("packets", "60")
+    torn = list_files(folder)[0]
+    data = torn.read_bytes()
+    torn.write_bytes(data[: len(data) // 2])  # the first file loses its tail
+    whole = reference(recs)
+    metrics = Metrics()
+    slots = {qp.slot: qp.query for qp in plan.queries}
+    job = SparkJob(spark, tmp_path / "spool", tmp_path / "results", tmp_path / "ck",
+                   lambda: slots, 1, metrics, spool_format=fmt)
+    job.run_available_now([(s, f) for s in plan.streams() for f in plan.folders(s)])
+    if fmt == "arrow":
+        assert spool.quarantined() == 1
+        assert (folder / "bad" / (torn.name + ".reason")).read_text().startswith(
+            "ArrowInvalid")
+    got = answers_of([(qp.query, read_results(tmp_path / "results", qp.query))
+                      for qp in plan.queries])
+    # what the torn file held is gone; everything else is answered exactly
+    assert set(got["udp_bw"]) <= set(whole["udp_bw"])
+    assert len(got["udp_bw"]) >= len(whole["udp_bw"]) - 8
+    for k, v in got["udp_bw"].items():
+        assert v[0] <= whole["udp_bw"][k][0]
+
+
+def test_failed_query_is_reported_and_restarted(spark, tmp_path):
+    """The results folder cannot be written (a file sits where it should be): the streaming
+    query fails, the failure is counted once and shown; once the folder can be written, the
+    query restarts after its back-off and answers the whole spool."""
+    path, recs = spread(tmp_path, "ok.pcap", 0.5)
+    plan, _ = spooled(tmp_path, path)
+    results = tmp_path / "results"
+    results.write_text("not a folder")
+    metrics = Metrics()
+    slots = {qp.slot: qp.query for qp in plan.queries}
+    job = SparkJob(spark, tmp_path / "spool", results, tmp_path / "ck", lambda: slots, 1,
+                   metrics, trigger_s=0.5)
+    try:
+        job.start("packets", "60")
+
+        def failed() -> bool:
+            job.supervise(backoff_s=1.0)
+            return bool(job.errors)
+        wait_for(failed, 180, "the failure to be seen")
+        assert metrics.spark_failures.labels("packets", "60")._value.get() == 1
+        assert job.check() and "packets/60" in job.errors[0]
+        assert metrics.spark_up._value.get() == 0
+        results.unlink()
+        results.mkdir()
+
+        def answered() -> bool:
+            job.supervise(backoff_s=1.0)
+            return bool(answers_of([(qp.query, read_results(results, qp.query))
+                                    for qp in plan.queries])["udp_bw"])
+        wait_for(answered, 180, "the restarted query's answers")
+        wait_for(lambda: answers_of([(qp.query, read_results(results, qp.query))
+                                     for qp in plan.queries]) == reference(recs), 180,
+                 "every window answered")
+        job.supervise(backoff_s=1.0)
+        assert metrics.spark_failures.labels("packets", "60")._value.get() == 1
+        assert metrics.spark_up._value.get() == 1
+    finally:
+        job.stop()
+
+
+def test_spark_merges_the_sketches_python_writes(spark):
+    """Room for distinct counts: partial rows may carry Apache DataSketches HLL sketches made
+    by the Python library; Spark's hll_union_agg merges them per group like any partial, and
+    the Python library reads the union back. The estimates equal a union made in Python."""
+    import datasketches
+
+    rows, unions = [], {}
+    for group, ranges in (("a", [(0, 3000), (2000, 6000)]), ("b", [(0, 10), (5, 40)])):
+        u = datasketches.hll_union(12)
+        for lo, hi in ranges:
+            sk = datasketches.hll_sketch(12)
+            for x in range(lo, hi):
+                sk.update(x)
+            u.update(sk)
+            rows.append((group, bytearray(sk.serialize_compact())))
+        unions[group] = u.get_result()
+    df = spark.createDataFrame(rows, "g string, sketch binary")
+    merged = {r["g"]: bytes(r["u"]) for r in df.groupBy("g").agg(
+        F.expr("hll_union_agg(sketch, true)").alias("u")).collect()}
+    for g, u in unions.items():
+        back = datasketches.hll_sketch.deserialize(merged[g])
+        assert back.get_estimate() == pytest.approx(u.get_estimate(), rel=1e-9)
+    assert unions["b"].get_estimate() == pytest.approx(40, abs=0.5)
+
+
+def test_a_batch_run_again_replaces_its_windows_answers(spark, tmp_path):
+    """Spark runs a batch again after a restart (the batch id its offset log holds, the same
+    windows): its job writes each query's part under the same name, so the second run
+    replaces the first and the answers still equal dpkt's, no row twice."""
+    from collector.spark.merge import merge_partials
+    path, recs = spread(tmp_path, "ok.pcap", 0.5)
+    plan, spool = spooled(tmp_path, path)
+    slots = {qp.slot: qp.query for qp in plan.queries}
+    results = tmp_path / "results"
+    job = SparkJob(spark, tmp_path / "spool", results, tmp_path / "ck", lambda: slots, 1,
+                   Metrics())
+    merged = merge_partials(spark.read.parquet(str(spool.folder("packets", "60"))), "packets",
+                            None)
+    job._answer(merged, "packets", "60", "run-00000003")
+    first = {qp.query.name: read_results(results, qp.query).num_rows for qp in plan.queries}
+    job._answer(merged, "packets", "60", "run-00000003")
+    pairs = [(qp.query, read_results(results, qp.query)) for qp in plan.queries]
+    assert {q.name: t.num_rows for q, t in pairs} == first
+    assert answers_of(pairs) == reference(recs)
+    assert sum(len(v) for v in reference(recs).values()) == sum(first.values())
+
+
+def test_the_spool_reader_takes_files_in_any_order(tmp_path):
+    """flowsieve's reader (spool.format: arrow) under several probes and durable sources: files
+    appear out of sequence order (probes number their own; a held file is published after
+    files numbered later). A batch takes every file no earlier batch took; Spark replans a
+    logged batch exactly; commit deletes the batch's files and the previous batch's (a crash
+    between Spark's commit log and ours leaves them), and an older offset (``{"seq": N}``)
+    still means "every file numbered up to N"."""
+    from collector.pipeline.spool import punctuation
+    from collector.spark.source import SpoolStreamReader
+    a = Spool(tmp_path / "spool", format="arrow", probe="a")
+    b = Spool(tmp_path / "spool", format="arrow", probe="b")
+    row = punctuation("packets", 1_700_000_040, 1, "x")
+    folder = a.folder("packets", "60")
+    reader = SpoolStreamReader(str(folder), "packets", "60")
+
+    def names(offset) -> list[str]:
+        return sorted(os.path.basename(x) for part in reader.partitions(start, offset)
+                      for x in part.paths)
+
+    start = reader.initialOffset()
+    for _ in range(3):
+        a.write("packets", "60", row)  # a: 0, 1, 2
+    held = b.write("packets", "60", row, hold="b-src")  # b: 0, hidden
+    first = reader.latestOffset(start, None)
+    assert names(first) == [f"{s:016d}.a.arrow" for s in (0, 1, 2)]
+    assert reader.latestOffset(start, None) == first  # a logged batch replans the same
+    b.write("packets", "60", row)  # b: 1
+    held.publish()  # b: 0, after b: 1 and a: 0-2
+    start, second = first, reader.latestOffset(first, None)
+    assert names(second) == [f"{0:016d}.b.arrow", f"{1:016d}.b.arrow"]
+    reader.commit(second)  # the first batch's commit never ran (a crash): this one clears both
+    assert list_files(folder) == []
+    assert reader.latestOffset(second, None) == second  # nothing new: no batch
+    for _ in range(2):
+        a.write("packets", "60", row)  # a: 3, 4
+    reader.commit({"seq": 3})
+    assert [p.name for p in list_files(folder)] == [f"{4:016d}.a.arrow"]
+
+
+def test_a_warm_jvm_is_not_warmed_up_again(spark, monkeypatch):
+    """``warm_up`` runs its answer job once per JVM: a second call finds it done."""
+    import collector.spark.merge as job_module
+    monkeypatch.setattr(job_module, "_warmed", set())  # as if no test had warmed it up
+    ran = []
+    real = SparkJob._answer
+    monkeypatch.setattr(SparkJob, "_answer", lambda self, *a: ran.append(a) or real(self, *a))
+    warm_up(spark)
+    warm_up(spark)
+    assert len(ran) == 1
+
+
+def test_class_archive_kept_only_from_a_jvm_that_ran_a_job(tmp_path, monkeypatch):
+    """A dump whose JVM ran a job (its ``.ready`` marker) becomes the archive once its process
+    is gone; a dump of a JVM that only started is removed; a live process's dump is left."""
+    import subprocess
+    import sys
+
+    from collector.spark import session as job
+    monkeypatch.setattr(job, "_dump_ready", None)  # restored after: the session's own JVM
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead = int(gone.stdout)
+    archive = tmp_path / "spark-classes.jsa"
+    old = time.time() - 60
+
+    def dump(pid: int, ready: bool):
+        d = tmp_path / f"{archive.name}.dump-{pid}"
+        d.write_bytes(b"classes")
+        marks = [d]
+        if ready:
+            marks.append(d.with_name(d.name + ".ready"))
+            marks[-1].touch()
+        for m in marks:
+            os.utime(m, (old, old))
+        return d
+    idle, live = dump(dead, ready=False), dump(os.getpid(), ready=True)
+    opts = job.jvm_options(archive, quick_start=False)
+    assert not idle.exists() and live.exists() and not archive.exists()
+    assert any(o.startswith("-XX:ArchiveClassesAtExit=") for o in opts)
+    # this process's JVM runs a job: its dump is marked, and kept once the process is gone
+    job.class_dump_ready()
+    mine = tmp_path / f"{archive.name}.dump-{os.getpid()}.ready"
+    assert mine.exists()
+    live.unlink()
+    mine.unlink()
+    kept = dump(dead, ready=True)
+    opts = job.jvm_options(archive, quick_start=True)
+    assert archive.read_bytes() == b"classes" and not kept.exists()
+    assert f"-XX:SharedArchiveFile={archive}" in opts
+    assert not list(tmp_path.glob("*.ready"))
+
+
+def test_other_installations_class_files_are_removed_once_stale(tmp_path, monkeypatch):
+    """Each installation's archive and dumps are 180 MB in a shared cache folder: another
+    installation's archive unused for 30 days goes (a deleted virtual environment's), and so
+    does a dump whose JVM left it a day ago and never had it promoted; a recent one, a live
+    JVM's and this installation's own stay, and a JVM's use keeps its archive fresh."""
+    import subprocess
+    import sys
+
+    from collector.spark import session as job
+    monkeypatch.setattr(job, "_dump_ready", None)
+    dead, later = (int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                                      capture_output=True, text=True, check=True).stdout)
+                   for _ in range(2))
+    live = os.getpid()
+    mine = job.class_archive_path(tmp_path)
+    mine.write_bytes(b"mine")
+    day = 86400
+
+    def file(name: str, age_days: float):
+        path = tmp_path / name
+        path.write_bytes(b"classes")
+        os.utime(path, (time.time() - age_days * day,) * 2)
+        return path
+    os.utime(mine, (time.time() - 40 * day,) * 2)
+    other = "spark-4.3.0-0123456789-job-classes.jsa"
+    unused = file(other, 31)
+    used = file("spark-4.2.0-abcdef0123-job-classes.jsa", 29)
+    left = [file(f"{other}.dump-{dead}", 2), file(f"{other}.dump-{dead}.ready", 2)]
+    fresh = [file(f"{other}.dump-{later}", 0.5), file(f"{other}.dump-{later}.ready", 0.5)]
+    running = file(f"{used.name}.dump-{live}", 3)
+    foreign = file("notes.txt", 365)
+    opts = job.jvm_options(mine, quick_start=True)
+    assert f"-XX:SharedArchiveFile={mine}" in opts
+    assert not unused.exists() and used.exists()
+    assert not any(p.exists() for p in left) and all(p.exists() for p in fresh)
+    assert running.exists() and foreign.exists()
+    assert time.time() - mine.stat().st_mtime < 60 and mine.read_bytes() == b"mine"
+
+
+def test_each_pyspark_installation_keeps_its_own_archive(tmp_path, monkeypatch):
+    """The JVM ignores an archive dumped with another class path: two installations sharing a
+    cache folder (two virtual environments) must not share one name."""
+    import pyspark
+
+    from collector.spark.session import class_archive_path
+    here = class_archive_path(tmp_path)
+    assert here == class_archive_path(tmp_path) and pyspark.__version__ in here.name
+    monkeypatch.setattr(pyspark, "__file__", str(tmp_path / "other" / "pyspark" / "__init__.py"))
+    assert class_archive_path(tmp_path) != here
+
+
+def test_rows_that_come_after_their_window_closed_are_counted(spark, tmp_path):
+    """A probe writes the hour after another's first, and Spark's watermark has passed every
+    window of the second one's rows: Spark drops them. The job counts them by folder
+    (``flowsieve_spark_late_rows_total``) instead of losing them silently; rows in time are
+    not counted."""
+    path, _ = spread(tmp_path, "ok.pcap", 0.5)  # 851 packets over seven minutes
+    later = shifted(path, tmp_path / "later.pcap", 3600)
+    plan = build_plan(parse_queries("SELECT time/60 AS t, count(*) AS n FROM packets "
+                                    "GROUP BY time/60"), aggregate_tree=False)
+    folder = tmp_path / "spool" / "packets" / "60"
+
+    def spool_rows(capture, probe: str) -> int:
+        engine = Engine(Spool(tmp_path / "spool", probe=probe), "packets", Metrics(), probe, 1)
+        engine.set_plan(plan)
+        for raw in open_capture(capture, batch_size=100):
+            engine.process(raw)
+        engine.finish(close=False)
+        return sum(pq.read_metadata(f).num_rows for f in list_files(folder)
+                   if f.name.split(".")[1] == probe)
+    metrics = Metrics()
+    slots = {qp.slot: qp.query for qp in plan.queries}
+    job = SparkJob(spark, tmp_path / "spool", tmp_path / "results", tmp_path / "ck",
+                   lambda: slots, 1, metrics)
+
+    def late() -> float:
+        return metric(generate_latest(metrics.registry).decode(),
+                      "flowsieve_spark_late_rows_total", 'folder="60",stream="packets"')
+    assert spool_rows(later, "first") > 0
+    job.run_available_now([("packets", "60")])
+    assert late() == 0
+    behind = spool_rows(path, "second")
+    job.run_available_now([("packets", "60")])
+    assert 0 < late() <= behind

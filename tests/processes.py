@@ -1,0 +1,194 @@
+"""Running flowsieve as a user does, in processes of its own: the daemon (configuration, start,
+stop, its metrics), a capture fed in real time, answers over REST, and one-line CLI errors. A
+test that uses these is slow by construction (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import dpkt
+import httpx
+from scapy.utils import RawPcapReader
+
+from tests.helpers import ROOT, capture
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(fn, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except httpx.HTTPError as e:
+            last = e
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last})")
+
+
+def metric(text: str, name: str, labels: str = "") -> float:
+    for line in text.splitlines():
+        if line.startswith(name + (labels and "{" + labels + "}")) and not line.startswith("#"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def daemon_config(tmp_path, sources: list[str], queries: str | None) -> tuple[Path, int]:
+    """A test daemon's configuration (a small local Spark, 1 s trigger) with these source
+    lines (YAML flow mappings) and queries; its path and API port."""
+    port = free_port()
+    initial = "null"
+    if queries is not None:
+        (tmp_path / "q.sql").write_text(queries)
+        initial = str(tmp_path / "q.sql")
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(f"""
+var_dir: {tmp_path / 'var'}
+api: {{host: 127.0.0.1, port: {port}}}
+spark: {{master: "local[2]", driver_memory: 1g, shuffle_partitions: 2, trigger_s: 1,
+        class_archive: false}}
+initial_queries: {initial}
+sources:
+""" + "".join(f"  - {line}\n" for line in sources))
+    return cfg, port
+
+
+def cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    """``flowsieve ARGS`` in a subprocess, output captured (text unless ``text=False``), for a
+    command that starts no JVM: ``decode``, ``plan``, or ``run``/``replay`` refused before
+    Spark starts (in the fast lane a JVM cannot start: tests/lanes.py). A hang fails at
+    ``timeout``, not a slow machine."""
+    return _cli(args, timeout, kw)
+
+
+def cli_spark(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    """``flowsieve run`` or ``replay`` that starts Spark: a test that calls it is slow."""
+    return _cli(args, timeout, kw)
+
+
+def _cli(args, timeout: float, kw: dict) -> subprocess.CompletedProcess:
+    kw.setdefault("text", True)
+    return subprocess.run([sys.executable, "-m", "api.cli", *args], capture_output=True,
+                          cwd=ROOT, timeout=timeout, **kw)
+
+
+def start_daemon(cfg: Path, log) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "api.cli", "run", "--config", str(cfg)],
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def stop_daemon(proc: subprocess.Popen) -> None:
+    """SIGTERM, and SIGKILL if it does not stop within a minute."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def v5_now(template: bytes, seq: int, now: float) -> bytes:
+    """A NetFlow v5 datagram with the records of ``template`` (a real export), every flow
+    starting and ending at ``now``: sys_uptime and the records' first/last made equal."""
+    import struct
+    d = bytearray(template)
+    uptime = struct.unpack_from(">I", d, 4)[0]
+    struct.pack_into(">III", d, 8, int(now), int(now % 1 * 1e9), seq)
+    for i in range(struct.unpack_from(">H", d, 2)[0]):
+        struct.pack_into(">II", d, 24 + 48 * i + 24, uptime, uptime)
+    return bytes(d)
+
+
+PERIOD = 5  # the window of the queries of the tests that share these helpers
+
+
+class Feeder(threading.Thread):
+    """Appends the sample capture's packets to a pcap in a loop, ``per_tick`` every ``tick``
+    seconds (about 200 packets/s), stamped with the wall clock spread over the tick just past:
+    never later than written, so a packet stamped after a registration returned was read (and
+    processed) under the plan that registration made."""
+
+    def __init__(self, path, per_tick: int = 40, tick: float = 0.2):
+        super().__init__(daemon=True)
+        src = capture("ok.pcap")
+        with open(src, "rb") as fh:
+            self.frames = [buf for _, buf in dpkt.pcap.Reader(fh)]
+        self.wirelens = [meta.wirelen for _, meta in RawPcapReader(str(src))]
+        self.path, self.per_tick, self.tick = path, per_tick, tick
+        self.written = 0
+        self.stop = threading.Event()
+        with open(path, "wb") as f:
+            dpkt.pcap.Writer(f, snaplen=262144)
+
+    def run(self) -> None:
+        i = 0
+        with open(self.path, "ab") as f:
+            while not self.stop.is_set():
+                t0 = time.time()
+                for j in range(self.per_tick):
+                    k = i % len(self.frames)
+                    ts = t0 - self.tick + (j + 1) * self.tick / self.per_tick
+                    sec = int(ts)
+                    buf = self.frames[k]
+                    f.write(struct.pack("<IIII", sec, int((ts - sec) * 1e6), len(buf),
+                                        self.wirelens[k]) + buf)
+                    i += 1
+                f.flush()
+                self.written = i
+                self.stop.wait(self.tick)
+
+
+def answers(client: httpx.Client, name: str) -> tuple[list[dict], float]:
+    """A query's rows over REST (its output columns: the window's start and end, which every
+    row also carries, checked against its bucket) and the time before which they are
+    complete."""
+    r = client.get(f"/queries/{name}/results", params={"order": "oldest", "limit": 100_000})
+    r.raise_for_status()
+    body = r.json()
+    assert body["next_cursor"] is None
+    rows = []
+    for row in body["rows"]:
+        start = datetime.fromisoformat(row.pop("window_start")).timestamp()
+        end = datetime.fromisoformat(row.pop("window_end")).timestamp()
+        assert start == row["t"] * (end - start), row
+        rows.append(row)
+    return rows, body["complete_before"]
+
+
+def whole_windows(rows: list[dict], since: float, before: float, period: int = PERIOD
+                  ) -> list[dict]:
+    """Rows of the windows starting at or after ``since`` and before ``before``."""
+    return sorted((r for r in rows if since <= r["t"] * period < before),
+                  key=lambda r: sorted((k, str(v)) for k, v in r.items()))
+
+
+def one_error_line(out: subprocess.CompletedProcess, *fragments: str) -> str:
+    """A failed command: exit code 1, nothing on stdout, exactly one line `error: …` on stderr,
+    no traceback."""
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert out.stdout == ""
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    assert "Traceback" not in out.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
