@@ -15,8 +15,8 @@ import struct
 
 import numpy as np
 
+from capture.batch import TupleBatch
 from capture.fields import NULL_INT, PACKET_INT_FIELDS, PACKET_INT_INDEX
-from capture.unpack import TupleBatch
 
 SEED = 20261121
 

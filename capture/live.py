@@ -18,10 +18,10 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import numba as nb
 import numpy as np
 
 from capture.bpf import DLT_EN10MB, compile_filter, detach
+from capture.jit import kernel, kernel_inline
 from capture.records import RawBatch, batch_arrays
 
 SOL_PACKET = 263
@@ -53,7 +53,7 @@ class KernelStats:
     freezes: int = 0  # times the queue froze
 
 
-@nb.njit(cache=True, _nrt=False, nogil=True)
+@kernel
 def copy_block(ring, blk, out, fill, skip_outgoing, offset, caplen, wirelen, ts_ns, n0):
     """Copy the packets of the ring block at ``blk`` into ``out`` from ``fill``; return
     (records, new fill). Outgoing packets are skipped when asked. Stops early (records <
@@ -106,7 +106,7 @@ def copy_block(ring, blk, out, fill, skip_outgoing, offset, caplen, wirelen, ts_
     return n, fill
 
 
-@nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
+@kernel_inline
 def _le32(b, p):
     return np.int64(b[p]) | (np.int64(b[p + 1]) << 8) | (np.int64(b[p + 2]) << 16) | \
         (np.int64(b[p + 3]) << 24)

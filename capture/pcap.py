@@ -13,10 +13,10 @@ import os
 import stat
 from collections.abc import Iterator
 
-import numba as nb
 import numpy as np
 
 from capture.errors import DecodeError
+from capture.jit import kernel
 from capture.records import (
     PREFETCH,
     ByteSource,
@@ -48,7 +48,7 @@ MESSAGES = {
 }
 
 
-@nb.njit(cache=True, _nrt=False, nogil=True)
+@kernel
 def index_records(buf, pos, end, big, nano, max_caplen, offset, caplen, wirelen, ts_ns):
     """Walk record headers from ``pos``; fill up to len(offset) records.
 
@@ -86,7 +86,7 @@ def index_records(buf, pos, end, big, nano, max_caplen, offset, caplen, wirelen,
     return n, pos, OK, sink
 
 
-@nb.njit(cache=True, _nrt=False, nogil=True)
+@kernel
 def walk_records(buf, pos, end, big, max_caplen, target):
     """Follow record headers from ``pos`` to the first record starting at or after ``target``;
     returns (its position, status, checksum): a position short of ``target`` with OK is the

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import numba as nb
 import numpy as np
 
 from capture.errors import DecodeError
+from capture.jit import kernel, kernel_inline
 from capture.records import (
     PREFETCH,
     ByteSource,
@@ -48,7 +48,7 @@ MESSAGES = {
 TS_MUL, TS_DIV, TS_BIN = 0, 1, 2
 
 
-@nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
+@kernel_inline
 def _ts_ns(ticks, kind, param, off_ns):
     if kind == TS_MUL:
         return np.int64(ticks * np.uint64(param)) + off_ns
@@ -60,7 +60,7 @@ def _ts_ns(ticks, kind, param, off_ns):
         (frac * np.uint64(1_000_000_000)) >> np.uint64(param)) + off_ns
 
 
-@nb.njit(cache=True, _nrt=False, nogil=True)
+@kernel
 def index_blocks(buf, pos, end, big, n_if, if_link, if_snap, if_kind, if_param,
                  if_off, last_ts, offset, caplen, wirelen, ts_ns, link, iface):
     """Walk blocks from ``pos``; fill up to len(offset) packet records.

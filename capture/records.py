@@ -19,8 +19,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-import numba as nb
 import numpy as np
+
+from capture.jit import kernel_inline
 
 # One window of a mapped file. Readers never need more than one block (pcapng caps blocks at
 # 16 MiB, as libpcap does), so 64 MiB windows keep the RSS of any file near 64 MiB.
@@ -76,14 +77,14 @@ class ReadStats:
     errors: Counter = field(default_factory=Counter)
 
 
-@nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
+@kernel_inline
 def u16(buf, pos, big):
     if big:
         return (np.uint32(buf[pos]) << 8) | np.uint32(buf[pos + 1])
     return (np.uint32(buf[pos + 1]) << 8) | np.uint32(buf[pos])
 
 
-@nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
+@kernel_inline
 def u32(buf, pos, big):
     if big:
         return (np.uint32(buf[pos]) << 24) | (np.uint32(buf[pos + 1]) << 16) | \
@@ -99,7 +100,7 @@ def u32(buf, pos, big):
 PREFETCH = 4096
 
 
-@nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
+@kernel_inline
 def touch_ahead(buf, ahead, upto, end):
     """Read one byte of each cache line from ``ahead`` to ``upto`` (capped at ``end``); return
     the new ``ahead`` and a checksum the caller must use (so the loads are not removed)."""

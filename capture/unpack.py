@@ -5,35 +5,25 @@ loopback), IPv4, IPv6 (with its extension-header chain), TCP, UDP, SCTP, ICMP/IC
 header. The DNS groups (header, first query name) are extracted only when the plan asks for them.
 Absent values are NULL: -1 in integer columns (every catalogue integer is non-negative).
 
-The kernels are compiled without numba's runtime (its ``_nrt`` option): they allocate nothing,
-and with the runtime every helper inlined into the loop that took an array counted a reference
-to it and gave it back, two atomic operations per call and packet. The backbone bench's
-50-query set (22 fields) took 127 ns per packet to unpack with them, 40 without
-(``collector/pipeline/lfta.py``'s merges likewise; a kernel that allocates does not compile so).
+The kernels allocate nothing: they are compiled as ``capture/jit.py``'s ``kernel``, without
+numba's runtime.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
-import numba as nb
 import numpy as np
 import pyarrow as pa
 
+from capture.batch import TupleBatch, validity_buffer
 from capture.fields import (
-    BYTES,
-    IP,
     NULL_INT,
     PACKET_INT_FIELDS,
     PACKET_INT_INDEX,
-    SKETCH,
-    STRING,
-    TS,
     fields,
-    key_field,
-    mask_addresses,
 )
+from capture.jit import kernel, kernel_inline
 from capture.records import PREFETCH, touch_ahead
 
 _I = PACKET_INT_INDEX
@@ -52,24 +42,24 @@ MAX_QUESTIONS = 16  # questions skipped to reach the first answer (real messages
 QNAME_STRIDE = 1024  # 255 bytes of name, each byte at most 4 characters (\DDD escapes)
 
 
-@nb.njit(cache=True, _nrt=False, inline="always")
+@kernel_inline
 def _be16(buf, p):
     return (np.int32(buf[p]) << 8) | np.int32(buf[p + 1])
 
 
-@nb.njit(cache=True, _nrt=False, inline="always")
+@kernel_inline
 def _be32(buf, p):
     return (np.int64(buf[p]) << 24) | (np.int64(buf[p + 1]) << 16) | \
         (np.int64(buf[p + 2]) << 8) | np.int64(buf[p + 3])
 
 
-@nb.njit(cache=True, _nrt=False, inline="always")
+@kernel_inline
 def _put(ints, want, c, i, v):
     if want[c]:
         ints[c, i] = v
 
 
-@nb.njit(cache=True, _nrt=False)
+@kernel
 def _skip_name(buf, q, end):
     """The offset after the (possibly compressed) name at ``q``, or -1 past ``end``."""
     for _ in range(128):  # at most 127 labels fit in 255 bytes
@@ -86,13 +76,13 @@ def _skip_name(buf, q, end):
     return -1
 
 
-@nb.njit(cache=True, _nrt=False)
+@kernel
 def _qname(buf, dns, end, out, row):
     """Write the first query name at dns+12 into out[row]; return its length or -1."""
     return _name(buf, dns, dns + 12, end, out, row)
 
 
-@nb.njit(cache=True, _nrt=False)
+@kernel
 def _name(buf, dns, q, end, out, row):
     """Write the name at ``q`` of the DNS message at ``dns`` into out[row], following
     compression pointers (bounded); return its length or -1."""
@@ -141,7 +131,7 @@ def _name(buf, dns, q, end, out, row):
         q += 1 + ln
 
 
-@nb.njit(cache=True, _nrt=False)
+@kernel
 def _answer(buf, d, qd, end, ints, want, i, an_addr, an_ok, an_len, an_buf):
     """The first answer record of the message at ``d``: its type, TTL, owner name and (A or
     AAAA) address, from what was captured (the address only when its data is whole)."""
@@ -177,7 +167,7 @@ def _answer(buf, d, qd, end, ints, want, i, an_addr, an_ok, an_len, an_buf):
             an_ok[i] = True
 
 
-@nb.njit(cache=True, _nrt=False, inline="always")
+@kernel_inline
 def _dns(buf, d, end, ints, want, i, want_qname, qn_len, qn_buf, want_an, an_addr, an_ok,
          an_len, an_buf):
     if d + 12 > end:
@@ -197,7 +187,7 @@ def _dns(buf, d, end, ints, want, i, want_qname, qn_len, qn_buf, want_an, an_add
         _answer(buf, d, qd, end, ints, want, i, an_addr, an_ok, an_len, an_buf)
 
 
-@nb.njit(cache=True, _nrt=False, inline="always")
+@kernel_inline
 def _l4(buf, p, end, proto, ints, want, i):
     """Ports, TCP flags, ICMP type and code of the L4 header at ``p``."""
     if proto == 6 or proto == 17 or proto == 132:
@@ -214,7 +204,7 @@ def _l4(buf, p, end, proto, ints, want, i):
         _put(ints, want, C_ICC, i, buf[p + 1])
 
 
-@nb.njit(cache=True, _nrt=False, nogil=True)
+@kernel
 def unpack_deep(buf, l4_at, l4_end, l4_proto, ints, want, want_dns, want_qname, qn_len,
                 qn_buf, want_an, an_addr, an_ok, an_len, an_buf, pl_off, pl_len):
     """The variable-offset fields after the L4 header, in a pass of their own over the
@@ -255,7 +245,7 @@ def unpack_deep(buf, l4_at, l4_end, l4_proto, ints, want, want_dns, want_qname, 
                  an_ok, an_len, an_buf)
 
 
-@nb.njit(cache=True, _nrt=False, inline="always")
+@kernel_inline
 def link_walk(buf, p, end, linktype):
     """The link layer of one frame (Ethernet, 802.1Q/802.1ad/QinQ tags, MPLS labels, Linux cooked
     v1/v2, raw IP, BSD loopback): (EtherType after the tags and labels or -1, offset of the network
@@ -333,7 +323,7 @@ def link_walk(buf, p, end, linktype):
     return et, p, vlan, vlan2, mpls
 
 
-@nb.njit(cache=True, _nrt=False, nogil=True)
+@kernel
 def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_src, want_dst,
                    walk_ip, walk_l4, ints, src, dst, l4_at, l4_end, l4_proto):
     """Decode every record of a batch into the caller-allocated columns (NULL = -1), down to
@@ -469,99 +459,10 @@ def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_s
     return sink
 
 
-@dataclass
-class TupleBatch:
-    """Columns of one batch, keyed by catalogue field name (NULL = -1 for integers)."""
-
-    stream: str
-    ts_ns: np.ndarray
-    ints: np.ndarray  # (len(PACKET_INT_FIELDS), n) int32
-    ips: dict[str, np.ndarray]  # name -> (n, 16) uint8
-    strings: dict[str, pa.Array] = field(default_factory=dict)
-    ip_ok: dict[str, np.ndarray] = field(default_factory=dict)  # validity beside ip_version's
-
-    def __len__(self) -> int:
-        return len(self.ts_ns)
-
-    @property
-    def time(self) -> np.ndarray:
-        return self.ts_ns // 1_000_000_000
-
-    def column(self, name: str) -> np.ndarray:
-        """A numpy column (integers: -1 is NULL; IPs: (n, 16) uint8)."""
-        if name == "ts":
-            return self.ts_ns
-        if name == "time":
-            return self.time
-        if name in self.ips:
-            return self.ips[name]
-        if name.startswith(SKETCH):  # a sketch key reads its field
-            return self.column(name[1:])
-        base, bits = key_field(name)
-        if bits is not None:  # an address prefix key (src_ip/24)
-            return mask_addresses(self.column(base), bits)
-        if name in _IP_FIELDS:  # not unpacked for this plan
-            return np.zeros((len(self), 16), np.uint8)
-        return self.ints[PACKET_INT_INDEX[name]]
-
-    def ip_valid(self, name: str = "src_ip") -> np.ndarray:
-        """Which packets carry address field ``name`` (an IP packet carries its source and
-        destination; a DNS answer its address)."""
-        base = key_field(name)[0]
-        if base in self.ip_ok:
-            return self.ip_ok[base]
-        if base in _IP_FIELDS and base not in ("src_ip", "dst_ip"):
-            return np.zeros(len(self), np.bool_)  # not unpacked for this plan
-        return self.ints[C_IPV] >= 0
-
-    def arrow(self, name: str) -> pa.Array:
-        """One column as Arrow, with NULLs."""
-        if name.startswith(SKETCH):
-            return self.arrow(name[1:])
-        if key_field(name)[1] is not None:
-            return ip_arrow(self.column(name), self.ip_valid(name))
-        f = fields(self.stream)[name]
-        if f.kind in (STRING, BYTES):  # not unpacked for this plan: NULL
-            return self.strings.get(name, pa.nulls(len(self), f.arrow_type))
-        if f.kind == TS:
-            return pa.array(self.ts_ns // 1000, type=pa.timestamp("us", tz="UTC"))
-        if f.kind == IP:
-            if name not in self.ips:
-                return pa.nulls(len(self), pa.binary())
-            return ip_arrow(self.ips[name], self.ip_valid(name))
-        col = self.column(name)
-        if name == "time":
-            return pa.array(col, type=pa.int64())
-        return pa.array(col, type=f.arrow_type, mask=col < 0)
-
-    def take(self, idx: np.ndarray) -> TupleBatch:
-        """The rows at ``idx`` (an index array or boolean mask)."""
-        return TupleBatch(self.stream, self.ts_ns[idx], self.ints[:, idx],
-                          {k: v[idx] for k, v in self.ips.items()},
-                          {k: v.filter(pa.array(idx)) if np.asarray(idx).dtype == bool
-                           else v.take(pa.array(idx)) for k, v in self.strings.items()},
-                          {k: v[idx] for k, v in self.ip_ok.items()})
-
-
-def _validity(valid: np.ndarray):
-    return None if valid.all() else pa.array(valid).buffers()[1]
-
-
-def ip_arrow(col: np.ndarray, valid: np.ndarray) -> pa.Array:
-    """(n, 16) bytes as an Arrow binary array without a Python loop."""
-    n = len(col)
-    offsets = np.arange(0, 16 * (n + 1), 16, dtype=np.int32)
-    return pa.Array.from_buffers(
-        pa.binary(), n, [_validity(valid), pa.py_buffer(offsets.tobytes()),
-                         pa.py_buffer(np.ascontiguousarray(col).tobytes())],
-        null_count=int((~valid).sum()))
-
-
 _GROUP_OF = {f.name: f.group for f in fields("packets").values()}
 _ALL_FIELDS = frozenset(_GROUP_OF)
 _IP_DEEP = {"ip", "l4", "dns", "dns_name", "dns_an", "payload"}
 _L4_DEEP = {"l4", "dns", "dns_name", "dns_an", "payload"}
-_IP_FIELDS = tuple(f.name for f in fields("packets").values() if f.kind == IP)
 
 
 def unpack(raw, want: Iterable[str] | None = None) -> TupleBatch:
@@ -620,7 +521,7 @@ def unpack(raw, want: Iterable[str] | None = None) -> TupleBatch:
     return TupleBatch("packets", raw.ts_ns.copy(), ints, ips, strings, ip_ok)
 
 
-@nb.njit(cache=True, _nrt=False, nogil=True)
+@kernel
 def _pack_rows(buf, lengths, offsets, data):
     """Rows of a fixed-stride byte matrix, back to back (the Arrow string layout)."""
     pos = 0
@@ -632,7 +533,7 @@ def _pack_rows(buf, lengths, offsets, data):
     offsets[lengths.shape[0]] = pos
 
 
-@nb.njit(cache=True, _nrt=False, nogil=True)
+@kernel
 def _gather(buf, starts, lengths, offsets, data):
     """Slices of ``buf`` back to back (the Arrow binary layout)."""
     pos = 0
@@ -651,7 +552,7 @@ def _slices(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Arra
     data = np.empty(int(np.maximum(lengths, 0).sum()), dtype=np.uint8)
     _gather(buf, starts, lengths, offsets, data)
     valid = lengths >= 0
-    return pa.Array.from_buffers(pa.binary(), n, [_validity(valid), pa.py_buffer(offsets),
+    return pa.Array.from_buffers(pa.binary(), n, [validity_buffer(valid), pa.py_buffer(offsets),
                                                   pa.py_buffer(data)],
                                  null_count=int((~valid).sum()))
 
@@ -663,6 +564,6 @@ def _strings(buf: np.ndarray, lengths: np.ndarray) -> pa.Array:
     data = np.empty(int(np.maximum(lengths, 0).sum()), dtype=np.uint8)
     _pack_rows(buf, lengths, offsets, data)
     valid = lengths >= 0
-    return pa.Array.from_buffers(pa.string(), n, [_validity(valid), pa.py_buffer(offsets),
+    return pa.Array.from_buffers(pa.string(), n, [validity_buffer(valid), pa.py_buffer(offsets),
                                                   pa.py_buffer(data)],
                                  null_count=int((~valid).sum()))

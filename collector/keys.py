@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from capture.batch import ip_arrow
 from capture.fields import IP, SKETCH, STRING, fields, key_field
-from capture.unpack import ip_arrow
 
 
 def _binary(data: np.ndarray, offsets: np.ndarray) -> pa.Array:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import numba as nb
 import numpy as np
 from numba.cpython.unsafe.numbers import trailing_zeros
+
+from capture.jit import allocating, allocating_inline, kernel, kernel_inline
 
 
 def n_words(n: int) -> int:
@@ -39,7 +40,7 @@ TALLY_BITS = 12  # slot_counts' table holds 2^12 query-bit patterns (a batch, hu
 TALLY_PATTERNS = 1 << TALLY_BITS
 
 
-@nb.njit(cache=True, nogil=True)
+@allocating
 def slot_counts(Q):
     """Per slot, the rows of ``Q`` (rows × words) with its bit set (64 · words counts), and
     the rows with any bit set. A batch holds a few hundred distinct patterns (the backbone
@@ -52,7 +53,7 @@ def slot_counts(Q):
     return out, any_bit
 
 
-@nb.njit(cache=True, _nrt=False, nogil=True, inline="always")
+@kernel_inline
 def _add_pattern(keys, cnts, s, out):
     for w in range(keys.shape[1]):
         x = keys[s, w]
@@ -61,7 +62,7 @@ def _add_pattern(keys, cnts, s, out):
             x &= x - np.uint64(1)  # without its lowest set bit
 
 
-@nb.njit(cache=True, _nrt=False, nogil=True)
+@kernel
 def _slot_counts(Q, out, keys, cnts):
     shift = np.uint64(64 - TALLY_BITS)
     any_bit = 0
@@ -94,7 +95,7 @@ def clear_slot(Q: np.ndarray, rows: np.ndarray, slot: int) -> None:
     Q[rows, w] &= ~bit
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
+@allocating_inline
 def set_bit_rows(M, k, rows):
     """In numba kernels: set bit ``k`` (of word ``k >> 6``) in every row ``i`` of ``M`` where
     ``rows[i]`` holds (branch-free: the bit times the row's truth)."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from capture.batch import ip_arrow
 from capture.fields import (
     IP,
     NULL_INT,
@@ -20,7 +21,6 @@ from capture.fields import (
     mask_addresses,
 )
 from capture.netflow.elements import C_TIME, FLOW_INT_FIELDS, FLOW_INT_INDEX, FLOW_IP_FIELDS, F
-from capture.unpack import ip_arrow
 
 
 @dataclass

@@ -3,9 +3,9 @@ the one link-layer walk of capture/unpack.py (``decode --stream flows``, ``repla
 
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
 
+from capture.jit import kernel
 from capture.netflow.batch import Datagrams
 from capture.netflow.decoder import Decoder
 from capture.unpack import _be16, link_walk
@@ -14,7 +14,7 @@ from capture.unpack import _be16, link_walk
 DEFAULT_FLOW_PORTS: tuple[int, ...] = (2055, 4739, 9995, 9996)
 
 
-@nb.njit(cache=True, _nrt=False)
+@kernel
 def _udp_payloads(buf, offset, caplen, linktype, ports, out_off, out_len, out_addr, out_rec):
     """UDP payloads sent to one of ``ports``, behind any link layer unpack knows (tags, labels,
     cooked, raw IP, loopback); IP fragments are skipped. Returns the number found."""

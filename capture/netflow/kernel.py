@@ -4,9 +4,9 @@ options sets, options data, data without its template) and is resumed after that
 
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
 
+from capture.jit import allocating, allocating_inline
 from capture.netflow.elements import (
     C_BYTES,
     C_DOMAIN,
@@ -85,7 +85,7 @@ from capture.netflow.elements import (
 )
 
 
-@nb.njit(cache=True, inline="always")
+@allocating_inline
 def _be(buf, p, n):
     v = np.int64(0)
     for k in range(n):
@@ -95,18 +95,18 @@ def _be(buf, p, n):
 
 # int64 readers of their own (unpack's _be16 is int32): the decode figures in bench/results were
 # measured with these; swapping in unpack's made no difference a quick comparison could see
-@nb.njit(cache=True, inline="always")
+@allocating_inline
 def _be16(buf, p):
     return (np.int64(buf[p]) << 8) | np.int64(buf[p + 1])
 
 
-@nb.njit(cache=True, inline="always")
+@allocating_inline
 def _be32(buf, p):
     return (np.int64(buf[p]) << 24) | (np.int64(buf[p + 1]) << 16) | \
         (np.int64(buf[p + 2]) << 8) | np.int64(buf[p + 3])
 
 
-@nb.njit(cache=True)
+@allocating
 def _header(buf, base, length):
     """(version, header length, message end, export ns, uptime ms, seq, domain, count) or a
     negative error reason in the first slot."""
@@ -140,7 +140,7 @@ def _header(buf, base, length):
     return -1 - E_VERSION, 0, 0, 0, 0, 0, 0, 0
 
 
-@nb.njit(cache=True)
+@allocating
 def _uptime_ns(ver, export_ns, uptime, v, init_ms):
     """Absolute ns of a sysUpTime-relative millisecond time."""
     if ver == 10:
@@ -153,7 +153,7 @@ def _uptime_ns(ver, export_ns, uptime, v, init_ms):
     return export_ns - d * 1_000_000
 
 
-@nb.njit(cache=True, inline="always")
+@allocating_inline
 def _relative_ns(ver, export_ns, uptime, up_ms, delta_us, init_ms):
     """A time given relative to sysUpTime or to the export time, in absolute ns (-1: none)."""
     if up_ms >= 0:
@@ -163,7 +163,7 @@ def _relative_ns(ver, export_ns, uptime, up_ms, delta_us, init_ms):
     return np.int64(-1)
 
 
-@nb.njit(cache=True)
+@allocating
 def _records(buf, s, e, slot, t_fstart, t_fn, t_minlen, f_op, f_col, f_len, ver, export_ns,
              uptime, domain, tid, exp_addr, ints, ips, ipset, n, tmp, sampling, st_row,
              smp_dict, smp_base):
@@ -278,7 +278,7 @@ def _records(buf, s, e, slot, t_fstart, t_fn, t_minlen, f_op, f_col, f_len, ver,
     return n, False
 
 
-@nb.njit(cache=True)
+@allocating
 def _all_zero(buf, p, e):
     for k in range(p, e):
         if buf[k] != 0:
@@ -286,7 +286,7 @@ def _all_zero(buf, p, e):
     return True
 
 
-@nb.njit(cache=True)
+@allocating
 def decode_kernel(buf, d_off, d_len, d_exp, d_ts, d_flags, d_expaddr, start_d, start_p,
                   tpl_dict, t_fstart, t_fn, t_minlen, t_kind, f_op, f_col, f_len,
                   st_dict, st, st_n, smp_dict, override, default_interval,

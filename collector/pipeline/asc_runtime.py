@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numba as nb
 import numpy as np
 
+from capture.jit import allocating, kernel
 from planner.asc import hybrid_arrows, macro_sequence
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 V4_MAPPED = np.uint64(0xFFFF)  # bits 32-63 of an IPv4-mapped address (its high word is 0)
 
 
-@nb.njit(cache=True, nogil=True)
+@allocating
 def _regions(a, idx, lo_j, hi_j, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart,
              asc_clen, c_int, c_hi, c_lo, asc_tstart, asc_tlen, r_table, asc_bstart, b_table,
              out):
@@ -88,7 +88,7 @@ def _regions(a, idx, lo_j, hi_j, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, 
         out[i] = 2 * lo + 1 if exact else 2 * lo
 
 
-@nb.njit(cache=True, nogil=True)
+@allocating
 def asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, asc_clen, c_int,
                c_hi, c_lo, asc_tstart, asc_tlen, r_table, asc_bstart, b_table, qrb, rest_qub,
                first_undone, macro, arrows, stats):
@@ -113,7 +113,7 @@ def asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, asc
                        np.empty(macro.shape[0] + 1, np.int64))
 
 
-@nb.njit(cache=True, _nrt=False, nogil=True)
+@kernel
 def _asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, asc_clen, c_int,
                 c_hi, c_lo, asc_tstart, asc_tlen, r_table, asc_bstart, b_table, qrb, rest_qub,
                 first_undone, macro, arrows, stats, alive, order, done, nxt, reg, counts):
@@ -226,7 +226,7 @@ def _asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, as
     return evals
 
 
-@nb.njit(cache=True, nogil=True)
+@allocating
 def asc_regions(rows, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, asc_clen,
                 c_int, c_hi, c_lo, asc_tstart, asc_tlen, r_table, asc_bstart, b_table):
     """Region of each listed tuple in every ASC (the sample the sequences are chosen on)."""

@@ -20,10 +20,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from capture.batch import Batch, TupleBatch
 from capture.fields import fields
 from capture.netflow import FlowBatch
 from capture.pcap import RawBatch
-from capture.unpack import TupleBatch, unpack
+from capture.unpack import unpack
 from collector.config import AscConfig, LftaConfig, OmConfig, ResidualConfig
 from collector.metrics import Metrics
 from collector.pipeline import user_predicates
@@ -370,7 +371,7 @@ class Engine:
                 self.sampler.observe(self.stream, tb, Q, c.keys, c.agg_slots,
                                      among=np.flatnonzero(Q.any(axis=1)))
 
-    def process_tuples(self, c: _Compiled, tb: TupleBatch | FlowBatch) -> int:
+    def process_tuples(self, c: _Compiled, tb: Batch) -> int:
         if self.meter is not None:
             self.meter.observe(c.plan, tb)
         evals, moves = c.asc.evaluations, c.asc.rearrangements

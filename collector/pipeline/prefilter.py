@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba as nb
 import numpy as np
 
+from capture.batch import Batch, ip_words
 from capture.fields import IP, fields, prefix_mask, split128
-from capture.unpack import TupleBatch
+from capture.jit import allocating, allocating_inline
 from collector.pipeline.asc_runtime import AscRuntime
 from planner.asc import ASC, qrb_words, qub_words
 from planner.plan import Plan
@@ -214,7 +214,7 @@ def compile_prefilter(plan: Plan, stream: str) -> CompiledPrefilter:
         np.array(asc_tlen, np.int64), r_table, np.array(asc_bstart, np.int64), b_table)
 
 
-@nb.njit(cache=True, inline="always")
+@allocating_inline
 def in_sorted(set_vals, start, count, x) -> bool:
     """x among set_vals[start:start + count] (sorted), by binary search."""
     lo = start
@@ -234,7 +234,7 @@ def in_sorted(set_vals, start, count, x) -> bool:
 CHUNK = 8192
 
 
-@nb.njit(cache=True, nogil=True)
+@allocating
 def _eval_atom_column(out, m, lo, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip,
                       set_vals, tmp):
     """out[i] |= atom a on tuple lo + i, for i < m: the operator is chosen once and the loop
@@ -298,7 +298,7 @@ def _eval_atom_column(out, m, lo, a, ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_n
             out[i] |= (hit[i] ^ neg) & (x_[i] >= 0)
 
 
-@nb.njit(cache=True, nogil=True)
+@allocating
 def prefilter_kernel(ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip, set_vals,
                      p_start, p_len, b_start, b_len, b_preds, g_start, g_len, g_bits, g_mask,
                      B, Q):
@@ -390,13 +390,7 @@ def prefilter_kernel(ints, ip_hi, ip_lo, ip_ok, a_col, a_op, a_neg, a_v, a_ip, s
     return kept
 
 
-def ip_words(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(n, 16) address bytes as big-endian (hi, lo) uint64 words."""
-    w = np.ascontiguousarray(col).view(">u8").reshape(-1, 2).astype(np.uint64)
-    return w[:, 0], w[:, 1]
-
-
-def kernel_inputs(cp: CompiledPrefilter, tb: TupleBatch
+def kernel_inputs(cp: CompiledPrefilter, tb: Batch
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The columns the kernels read: (ints, ip_hi, ip_lo, ip_ok) for the plan's fields; ``ip_ok[k]``
     says which tuples carry address field ``k`` (a flow record may lack its next hop)."""
@@ -413,7 +407,7 @@ def kernel_inputs(cp: CompiledPrefilter, tb: TupleBatch
     return ints, ip_hi, ip_lo, ip_ok
 
 
-def run_prefilter(cp: CompiledPrefilter, tb: TupleBatch, asc: AscRuntime | None = None,
+def run_prefilter(cp: CompiledPrefilter, tb: Batch, asc: AscRuntime | None = None,
                   want_b: bool = False) -> tuple[np.ndarray | None, np.ndarray]:
     """Q for every tuple of a batch (and B with ``want_b``): bits and signatures, then the
     ASCs (in the runtime's adaptive sequence, or in plan order)."""

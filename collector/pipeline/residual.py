@@ -28,10 +28,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from capture.batch import Batch, ip_words
 from capture.fields import BYTES, IP, STRING, fields, prefix_mask, split128
-from capture.unpack import TupleBatch
 from collector.pipeline import prefix_tables, user_predicates
-from collector.pipeline.prefilter import ip_words
 from planner.ordering import AdaptiveOrder
 from planner.plan import Plan
 from planner.query import Atom, Predicate
@@ -90,7 +89,7 @@ def _value_test(a: Atom, kind: str) -> Callable[[object], bool]:
     raise ValueError(f"operator {a.op} on a {kind} field")
 
 
-def eval_atom(a: Atom, stream: str, tb: TupleBatch, rows: np.ndarray,
+def eval_atom(a: Atom, stream: str, tb: Batch, rows: np.ndarray,
               cache: ValueCache | None = None) -> np.ndarray:
     """The atom on the given rows (NULL is false, negated or not)."""
     kind = fields(stream)[a.field].kind
@@ -138,7 +137,7 @@ def eval_atom(a: Atom, stream: str, tb: TupleBatch, rows: np.ndarray,
     return hit & valid
 
 
-def eval_predicate(p: Predicate, tb: TupleBatch, rows: np.ndarray,
+def eval_predicate(p: Predicate, tb: Batch, rows: np.ndarray,
                    cache: ValueCache | None = None) -> np.ndarray:
     """A base predicate (an OR of atoms) on the given rows."""
     out = np.zeros(len(rows), dtype=bool)
@@ -187,14 +186,14 @@ class Residual:
             return list(self.ids)
         return [self.ids[f] for f in self.adaptive.order]
 
-    def _eval(self, pid: int, tb: TupleBatch, rows: np.ndarray) -> tuple[np.ndarray, float]:
+    def _eval(self, pid: int, tb: Batch, rows: np.ndarray) -> tuple[np.ndarray, float]:
         """The predicate on ``rows`` and its time per tuple (measured, or its cost)."""
         t0 = time.perf_counter()
         info = self.plan.predicates[pid]
         ok = eval_predicate(info.predicate, tb, rows, self.cache)
         return ok, (time.perf_counter() - t0) / len(rows) if self.timed else info.cost
 
-    def apply(self, tb: TupleBatch, Q: np.ndarray) -> None:
+    def apply(self, tb: Batch, Q: np.ndarray) -> None:
         """Clear query bits whose residual predicates fail; each predicate once per tuple."""
         order = self.order()
         t0 = time.perf_counter()
@@ -220,7 +219,7 @@ class Residual:
                 self._profile_s += time.perf_counter() - t1
         self._filter_s += time.perf_counter() - t0
 
-    def _profile(self, tb: TupleBatch, order: list[int], pos: int, fail: np.ndarray,
+    def _profile(self, tb: Batch, order: list[int], pos: int, fail: np.ndarray,
                  per_tuple: float) -> None:
         """Profile a sample of the tuples the predicate at ``pos`` dropped: the positions the
         variant asks for run on them too (their outcome changes nothing in Q)."""

@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 
-from capture.unpack import TupleBatch
+from capture.batch import Batch
 from collector.pipeline.residual import eval_predicate
 from planner.plan import Plan
 
@@ -27,7 +27,7 @@ class SelectivityMeter:
         self._hits: dict[str, float] = {}
         self._seen: dict[str, float] = {}
 
-    def observe(self, plan: Plan, tb: TupleBatch) -> None:
+    def observe(self, plan: Plan, tb: Batch) -> None:
         """Evaluate each cheap predicate of this stream on a sample of the batch."""
         n = len(tb)
         if not n:

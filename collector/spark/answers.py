@@ -18,7 +18,7 @@ from sqlglot import exp
 
 from capture.fields import BYTES, IP, SKETCH, TS, fields, ip_text, key_field, measures
 from collector.keys import binary_buffers
-from collector.pipeline.lfta import I64_MAX  # the min of NULL measures only
+from collector.pipeline.lfta_kernels import I64_MAX  # the min of NULL measures only
 from collector.spark.grouping import group_ids, key_words, list_column, reduce_column
 from planner.query import Query, and_terms
 

@@ -11,13 +11,13 @@ of validity. The hash table is the LFTA's (``collector/pipeline/lfta.py``).
 
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from capture.jit import allocating
 from collector.keys import binary_buffers
-from collector.pipeline.lfta import RUN, _hash, _prefetch
+from collector.pipeline.lfta_kernels import RUN, hash_key, prefetch_row
 
 
 def _words_of(a: pa.Array | np.ndarray) -> list[np.ndarray]:
@@ -58,7 +58,7 @@ def key_words(columns: list[pa.Array | np.ndarray], n: int) -> np.ndarray:
     return np.ascontiguousarray(np.stack(cols, axis=1))
 
 
-@nb.njit(cache=True, nogil=True)
+@allocating
 def group_ids(words):
     """Each row's group (numbered in order of first appearance) and each group's first row.
     The table holds group numbers only (4 bytes a slot, so that it stays in the cache): a
@@ -77,8 +77,8 @@ def group_ids(words):
     for i0 in range(0, n, RUN):
         run = min(RUN, n - i0)
         for r in range(run):  # the home slots of a run first, their cache misses overlapping
-            home[r] = np.int64(_hash(words, i0 + r, k) & mask)
-            _prefetch(table, home[r])
+            home[r] = np.int64(hash_key(words, i0 + r, k) & mask)
+            prefetch_row(table, home[r])
         for r in range(run):
             i = i0 + r
             slot = home[r]
@@ -103,7 +103,7 @@ def group_ids(words):
     return gid, first[:g].copy()
 
 
-@nb.njit(cache=True, nogil=True)
+@allocating
 def group_reduce(gid, groups, values, valid, op):
     """Per group, the sum (``op`` 0), minimum (1) or maximum (2) of its rows' valid values,
     and whether it has any."""

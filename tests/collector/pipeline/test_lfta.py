@@ -16,7 +16,7 @@ from capture.fields import ip_bytes
 from capture.pcap import open_capture
 from capture.unpack import unpack
 from collector.config import LftaConfig
-from collector.pipeline import lfta
+from collector.pipeline import lfta_kernels as lfta
 from collector.pipeline.lfta import BatchColumns, NodeTable, Partials, PartialTable
 from tests.helpers import capture
 from tests.reference import packets
