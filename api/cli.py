@@ -286,7 +286,8 @@ def _measure(plan, capture: str, residual=None):
     from capture.unpack import unpack
     from collector.config import ResidualConfig
     from collector.pipeline.asc_runtime import AscRuntime
-    from collector.pipeline.prefilter import compile_prefilter, run_prefilter
+    from collector.pipeline.compiled_prefilter import compile_prefilter
+    from collector.pipeline.prefilter import run_prefilter
     from collector.pipeline.residual import Residual, ValueCache, eval_predicate
     from collector.pipeline.sampling import TupleSampler
     hits: dict[str, int] = {}

@@ -311,7 +311,8 @@ def dns_residual(packets: int = 2_000_000) -> dict:
     from bench.traces import trace
     from capture.pcap import open_capture
     from capture.unpack import unpack
-    from collector.pipeline.prefilter import compile_prefilter, run_prefilter
+    from collector.pipeline.compiled_prefilter import compile_prefilter
+    from collector.pipeline.prefilter import run_prefilter
     from collector.pipeline.residual import Residual, ValueCache
     from planner.plan import build_plan
     from planner.query import parse_queries

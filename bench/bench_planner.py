@@ -23,13 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import median_time  # noqa: E402
 from bench.workloads import SEED, gigascope_matrix, gigascope_sql, random_matrix, trace  # noqa: E402
 from collector.pipeline.asc_runtime import AscRuntime, asc_regions  # noqa: E402
+from collector.pipeline.compiled_prefilter import compile_prefilter  # noqa: E402
 from collector.pipeline.prefilter import (  # noqa: E402
     _eval_atom_column,
-    compile_prefilter,
     in_sorted,
     kernel_inputs,
     prefilter_kernel,
-    run_prefilter,  # noqa: E402
+    run_prefilter,
 )
 from collector.pipeline.residual import Residual, eval_predicate  # noqa: E402
 from planner.asc import hybrid_arrows, macro_sequence  # noqa: E402

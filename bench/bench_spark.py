@@ -495,8 +495,9 @@ def lfta_tree_vs_per_query(kind: str, n: int, repeat: int) -> dict:
     from capture.pcap import open_capture
     from capture.unpack import unpack
     from collector.config import LftaConfig
+    from collector.pipeline.compiled_prefilter import compile_prefilter
     from collector.pipeline.lfta import NodeTable
-    from collector.pipeline.prefilter import compile_prefilter, run_prefilter
+    from collector.pipeline.prefilter import run_prefilter
     from planner.plan import build_plan
     path, p = trace(kind, n, CACHE)
     out = {}

@@ -151,7 +151,7 @@ FLOW_FIELDS: tuple[Field, ...] = (
 # Cost of finding a group's header (walking the layers in front of it), paid once when the group
 # is unpacked as a whole; a field unpacked alone pays its own ``cost``, which includes that walk.
 # Prefilter paper, section 2.4: the planner covers the fields a plan needs with groups and single
-# fields by weighted set cover (planner/unpacking.py).
+# fields by weighted set cover (planner/field_groups.py).
 GROUP_BASE: dict[str, float] = {
     "meta": 0, "link": 1, "ip": 2, "l4": 3, "dns": 4, "dns_name": 0, "dns_an": 40, "payload": 3,
     "flow": 0,

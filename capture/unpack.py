@@ -331,7 +331,7 @@ def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_s
     end and protocol for ``unpack_deep`` (-1: none).
 
     ``want`` says which integer columns to write; the walk flags say how deep to decode (the
-    plan's unpack groups, chosen by weighted set cover in planner/unpacking.py). Returns a
+    plan's unpack groups, chosen by weighted set cover in planner/field_groups.py). Returns a
     checksum of the prefetch loads (see capture/records.py)."""
     deep = l4_at.shape[0] > 0
     sink = np.int64(0)

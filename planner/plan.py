@@ -23,13 +23,13 @@ from planner.aggtree import (
     randomized,
 )
 from planner.asc import ASC, add_candidate_arrows, asc_attributes, build_asc, single_attribute
-from planner.bpf import bpf_expression
 from planner.charts import Chart, ChartOptions, NodeModel, node_model
 from planner.cover import Cover, cover_matrix
+from planner.field_groups import Unpacking, choose_unpacking
+from planner.kernel_filter import bpf_expression
 from planner.query import RESIDUAL_OPS, Predicate, Query, expand
 from planner.sizes import NodeSizes, TupleSample, string_key
 from planner.slots import n_words
-from planner.unpacking import Unpacking, choose_unpacking
 
 MAX_ASCS = 12
 # beyond this many queries in one folder, queries with the same keys start as one node (the

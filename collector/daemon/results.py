@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from collector.spark.answers import answer_schema
-from collector.spark.derive import QUERY
+from collector.spark.write import QUERY
 from planner.query import Query
 
 

@@ -17,7 +17,7 @@ from capture.jit import allocating, kernel
 from planner.asc import hybrid_arrows, macro_sequence
 
 if TYPE_CHECKING:
-    from collector.pipeline.prefilter import CompiledPrefilter
+    from collector.pipeline.compiled_prefilter import CompiledPrefilter
 
 
 V4_MAPPED = np.uint64(0xFFFF)  # bits 32-63 of an IPv4-mapped address (its high word is 0)

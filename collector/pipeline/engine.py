@@ -29,9 +29,10 @@ from collector.config import AscConfig, LftaConfig, OmConfig, ResidualConfig
 from collector.metrics import Metrics
 from collector.pipeline import user_predicates
 from collector.pipeline.asc_runtime import AscRuntime
+from collector.pipeline.compiled_prefilter import CompiledPrefilter, compile_prefilter
 from collector.pipeline.durability import Checkpoint
 from collector.pipeline.lfta import BatchColumns, NodeTable, Partials, PartialTable
-from collector.pipeline.prefilter import CompiledPrefilter, compile_prefilter, run_prefilter
+from collector.pipeline.prefilter import run_prefilter
 from collector.pipeline.residual import Residual, ValueCache
 from collector.pipeline.sampling import TupleSampler
 from collector.pipeline.selectivity import SelectivityMeter

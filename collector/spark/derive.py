@@ -31,10 +31,10 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
 from capture.fields import IP, SKETCH, fields, key_field, measures
+from collector.spark.write import QUERY, PartWriter
 from planner.query import Query
 
 TS_US = pa.timestamp("us", tz="UTC")
-QUERY = "query"  # the results' partition: results/query=<name>/
 # what an answer task returns: a row per part it wrote
 WRITTEN = pa.schema([pa.field(QUERY, pa.string()), pa.field("part", pa.string()),
                      pa.field("windows", pa.int64()), pa.field("newest", pa.int64()),
@@ -246,7 +246,6 @@ def _answer_task(folder: Folder, root: str, part: str,
     window, into the answer's part of the results (``write.PartWriter``); a row per part
     written."""
     from collector.spark.answers import answer_schema
-    from collector.spark.write import PartWriter
     meta = _task_meta()
     writer: PartWriter | None = None
     query: Query | None = None
@@ -329,7 +328,6 @@ def _select_task(folder: Folder, root: str, part: str,
     from pyspark import TaskContext
 
     from collector.spark.answers import answer_schema
-    from collector.spark.write import PartWriter
     name = part.replace(".parquet", f"-{TaskContext.get().partitionId():05d}.parquet")
     writers: dict[str, tuple[Query, PartWriter]] = {}
     try:

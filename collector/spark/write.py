@@ -28,7 +28,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collector.spark.derive import QUERY
+QUERY = "query"  # the results' partition: results/query=<name>/
+
 
 log = logging.getLogger("flowsieve.spark")
 

@@ -19,7 +19,8 @@ from capture.bpf import compile_filter
 from capture.live import LiveCapture, RingConfig
 from capture.pcap import open_capture
 from capture.unpack import unpack
-from collector.pipeline.prefilter import compile_prefilter, run_prefilter
+from collector.pipeline.compiled_prefilter import compile_prefilter
+from collector.pipeline.prefilter import run_prefilter
 from collector.pipeline.residual import Residual
 from planner.plan import build_plan
 from planner.query import parse_queries

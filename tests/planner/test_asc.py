@@ -14,7 +14,8 @@ from capture.fields import parse_prefix
 from capture.pcap import open_capture
 from capture.unpack import unpack
 from collector.pipeline.asc_runtime import AscRuntime, asc_regions
-from collector.pipeline.prefilter import compile_prefilter, kernel_inputs, run_prefilter
+from collector.pipeline.compiled_prefilter import compile_prefilter
+from collector.pipeline.prefilter import kernel_inputs, run_prefilter
 from planner.asc import hybrid_arrows, macro_sequence
 from planner.plan import build_plan
 from planner.query import parse_queries

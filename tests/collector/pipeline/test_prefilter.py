@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from capture.pcap import open_capture
 from capture.unpack import unpack
 from collector.pipeline.asc_runtime import AscRuntime
-from collector.pipeline.prefilter import CHUNK, compile_prefilter, region_table, run_prefilter
+from collector.pipeline.compiled_prefilter import compile_prefilter, region_table
+from collector.pipeline.prefilter import CHUNK, run_prefilter
 from collector.pipeline.residual import Residual, ValueCache
 from planner.asc import ASC
 from planner.plan import build_plan

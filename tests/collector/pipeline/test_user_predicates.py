@@ -88,7 +88,8 @@ def test_residual_runs_them_only_under_their_query_bits():
     plan = build_plan(queries, cheap_cost=1000)
     calls = {i.predicate.text: i for i in plan.predicates}
     assert not calls["suffix(dns_qname, 'org')"].cheap and calls["protocol = 17"].cheap
-    from collector.pipeline.prefilter import compile_prefilter, run_prefilter
+    from collector.pipeline.compiled_prefilter import compile_prefilter
+    from collector.pipeline.prefilter import run_prefilter
     cp = compile_prefilter(plan, "packets")
     res = Residual(plan, "packets", p=1.0, window=20, cache=ValueCache(256), timed=False)
     got, want = [], []

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from capture.bpf import Filter, compile_filter
 from capture.errors import FilterError
 from capture.pcap import open_capture
-from planner.bpf import bpf_expression
+from planner.kernel_filter import bpf_expression
 from planner.plan import build_plan
 from planner.query import parse_queries
 from tests.helpers import capture
