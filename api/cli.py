@@ -27,7 +27,7 @@ from capture.errors import CaptureError
 from capture.fields import BYTES, IP, TS, fields, ip_text
 from capture.netflow import DEFAULT_FLOW_PORTS
 from collector.pipeline.spool import SpoolFull
-from planner.query import QueryError
+from planner.ir import QueryError
 
 STREAMS = ("packets", "flows")
 FROM_CONFIG = object()  # --bits not given: the config's planner.bit_budget

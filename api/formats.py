@@ -22,7 +22,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from collector.daemon.results import iter_results
-from planner.query import Query
+from planner.ir import Query
 
 CSV_OPTIONS = {"delimiter": ","}
 # control characters JSON strings escape (besides \\ and ")

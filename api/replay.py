@@ -27,8 +27,8 @@ from collector.pipeline.engine import Engine
 from collector.pipeline.sampling import TupleSampler
 from collector.pipeline.selectivity import SelectivityMeter
 from collector.pipeline.spool import Spool
+from planner.ir import Query
 from planner.plan import Plan, build_plan
-from planner.query import Query
 
 # replay_workers 0: one process per core but one (Spark's JVM runs its first job on that one
 # while the capture is read: on 2 cores a second reading process only competed with it, 1.20 M

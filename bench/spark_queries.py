@@ -17,7 +17,7 @@ import operator
 import numpy as np
 
 from capture.fields import ip_text
-from planner.query import Query
+from planner.ir import Query
 
 PROTOCOLS = {"tcp": 6, "udp": 17, "icmp": 1}
 CMP = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,

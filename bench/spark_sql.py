@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from capture.fields import IP, fields, ip_text, key_field
-from planner.query import Query
+from planner.ir import Query
 
 
 def _lit_ip(v: int) -> str:
@@ -61,7 +61,7 @@ def _text_ip_atom(a) -> str:
     as a text prefix."""
     import ipaddress
 
-    from planner.query import format_prefix
+    from planner.ir import format_prefix
     f = a.field
     if a.op == "prefix":
         net = ipaddress.ip_network(format_prefix(*a.values))

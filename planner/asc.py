@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from capture.fields import INT32, INT64, IP, fields
-from planner.query import Predicate
+from planner.ir import Predicate
 from planner.slots import slot_bit
 
 
@@ -81,7 +81,7 @@ class ASC:
     def _fmt(self, v: int) -> str:
         if self.kind != "ip":
             return str(v)
-        from planner.query import format_prefix
+        from planner.ir import format_prefix
         return format_prefix(v, 128)
 
     def to_json(self) -> dict:

@@ -15,7 +15,7 @@ An empty expression means no filter: some query accepts packets no BPF clause ca
 from __future__ import annotations
 
 from capture.fields import prefix_network
-from planner.query import Atom, Predicate, Query
+from planner.ir import Atom, Predicate, Query
 
 IPV6_EXTENSION_HEADERS = (0, 43, 44, 51, 60)  # hop-by-hop, routing, fragment, AH, dst options
 _CMP = {"=": "=", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}

@@ -26,8 +26,8 @@ from planner.asc import ASC, add_candidate_arrows, asc_attributes, build_asc, si
 from planner.charts import Chart, ChartOptions, NodeModel, node_model
 from planner.cover import Cover, cover_matrix
 from planner.field_groups import Unpacking, choose_unpacking
+from planner.ir import RESIDUAL_OPS, Predicate, Query, expand
 from planner.kernel_filter import bpf_expression
-from planner.query import RESIDUAL_OPS, Predicate, Query, expand
 from planner.sizes import NodeSizes, TupleSample, string_key
 from planner.slots import n_words
 

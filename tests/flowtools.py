@@ -151,8 +151,6 @@ def _shark_record(rec: dict) -> dict:
 
 
 LOGSTASH = DATA / "netflow" / "logstash-dat"
-
-
 HEX = DATA / "netflow" / "python-netflow-hex"
 
 

@@ -11,14 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
 DATA = Path(__file__).resolve().parent / "data"
-
-
 SHARED = ROOT.parent / "shared" / "data"
-
-
 STRICT = os.environ.get("FLOWSIEVE_STRICT") == "1"
 
 

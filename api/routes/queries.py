@@ -14,7 +14,7 @@ from api.formats import columns as printed_columns
 from api.formats import csv_header, csv_rows, json_lines, parquet_bytes
 from collector.daemon.registry import QueryExists
 from collector.daemon.results import CursorError, page, page_windows
-from planner.query import QueryError
+from planner.ir import QueryError
 
 router = APIRouter(prefix="/queries", tags=["queries"])
 

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 from collector.pipeline.durability import write_json
-from planner.query import Query, parse_query
+from planner.ir import Query
+from planner.query import parse_query
 
 log = logging.getLogger("flowsieve.cluster")
 

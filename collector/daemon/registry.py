@@ -12,7 +12,8 @@ import threading
 import time
 from pathlib import Path
 
-from planner.query import Query, parse_query, parse_single
+from planner.ir import Query
+from planner.query import parse_query, parse_single
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS queries (

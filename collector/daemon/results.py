@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from collector.spark.answers import answer_schema
 from collector.spark.write import QUERY
-from planner.query import Query
+from planner.ir import Query
 
 
 def query_dir(root: str | os.PathLike, name: str) -> Path:

@@ -35,8 +35,9 @@ from collector.pipeline.engine import Engine
 from collector.pipeline.sampling import TupleSampler
 from collector.pipeline.selectivity import SelectivityMeter
 from collector.pipeline.spool import Spool
+from planner.ir import Query
 from planner.plan import Plan, build_plan
-from planner.query import Query, parse_queries, parse_single
+from planner.query import parse_queries, parse_single
 
 log = logging.getLogger("flowsieve.collector")
 

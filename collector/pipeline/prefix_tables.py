@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.query import Query, QueryError
+from planner.ir import Query, QueryError
 
 log = logging.getLogger("flowsieve.tables")
 V4_HI = np.uint64(0xFFFF)  # the high word of an IPv4-mapped address

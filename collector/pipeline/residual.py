@@ -31,9 +31,9 @@ import pyarrow.compute as pc
 from capture.batch import Batch, ip_words
 from capture.fields import BYTES, IP, STRING, fields, prefix_mask, split128
 from collector.pipeline import prefix_tables, user_predicates
+from planner.ir import Atom, Predicate
 from planner.ordering import AdaptiveOrder
 from planner.plan import Plan
-from planner.query import Atom, Predicate
 from planner.slots import clear_slot, has_slot
 
 

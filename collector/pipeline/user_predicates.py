@@ -33,7 +33,8 @@ import numpy as np
 import pyarrow as pa
 
 from capture.fields import IP, STRING, fields
-from planner.query import NAME_RE, Query, QueryError
+from planner.ir import Query, QueryError
+from planner.where import NAME_RE
 
 log = logging.getLogger("flowsieve.functions")
 GROUP = "flowsieve.predicates"

@@ -20,7 +20,8 @@ from capture.fields import BYTES, IP, SKETCH, TS, fields, ip_text, key_field, me
 from collector.keys import binary_buffers
 from collector.pipeline.lfta_kernels import I64_MAX  # the min of NULL measures only
 from collector.spark.grouping import group_ids, key_words, list_column, reduce_column
-from planner.query import Query, and_terms
+from planner.ir import Query
+from planner.where import and_terms
 
 TS_US = pa.timestamp("us", tz="UTC")
 CMP = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,

@@ -32,7 +32,7 @@ from pyspark.sql import DataFrame
 
 from capture.fields import IP, SKETCH, fields, key_field, measures
 from collector.spark.write import QUERY, PartWriter
-from planner.query import Query
+from planner.ir import Query
 
 TS_US = pa.timestamp("us", tz="UTC")
 # what an answer task returns: a row per part it wrote

@@ -25,7 +25,7 @@ from collector.pipeline.spool import schema_for, spark_ddl
 from collector.spark.derive import Folder, answers
 from collector.spark.session import class_dump_ready
 from collector.spark.write import clear_leftovers, sweep_results
-from planner.query import Query
+from planner.ir import Query
 
 log = logging.getLogger("flowsieve.spark")
 

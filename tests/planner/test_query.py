@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.query import QueryError, parse_queries, parse_single
+from planner.ir import QueryError
+from planner.query import parse_queries, parse_single
 from tests.helpers import Q123
 
 

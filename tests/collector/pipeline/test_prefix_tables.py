@@ -18,8 +18,9 @@ from capture.unpack import unpack
 from collector.config import Settings
 from collector.pipeline import prefix_tables as tables
 from collector.pipeline.residual import eval_predicate
+from planner.ir import QueryError
 from planner.plan import build_plan
-from planner.query import QueryError, parse_single
+from planner.query import parse_single
 from tests.helpers import capture
 from tests.reference import packets
 

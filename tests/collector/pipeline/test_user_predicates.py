@@ -16,8 +16,9 @@ from capture.unpack import unpack
 from collector.config import Settings
 from collector.pipeline import user_predicates as functions
 from collector.pipeline.residual import Residual, ValueCache, eval_predicate
+from planner.ir import QueryError
 from planner.plan import build_plan
-from planner.query import QueryError, parse_single
+from planner.query import parse_single
 from tests.collector.pipeline import user_predicates as up
 from tests.helpers import capture
 from tests.reference import packets
