@@ -136,7 +136,7 @@ PLAN_OF_A_CAPTURE = """
 import sys, tempfile
 from pathlib import Path
 from collector.config import Settings
-from collector.pipeline.engine import maintained_nodes
+from collector.pipeline.compiled_plan import maintained_nodes
 from api.replay import DEFAULT_FLOW_PORTS, measured_plan
 from collector.pipeline.spool import Spool
 from planner.plan import build_plan
