@@ -33,21 +33,20 @@ def need_tool(name: str) -> str:
 
 def capture(name: str) -> Path:
     """A capture from tests/data (permissive licences) or ../shared/data (GPL samples)."""
-    local = DATA / "pcap" / name
-    if local.exists():
-        return local
-    shared = SHARED / "pcap" / name
-    need(shared.exists(), f"{shared} is absent (GPL sample, not copied into the repository)")
-    return shared
+    return _sample("pcap", name, "GPL")
 
 
 def flow_data(rel: str) -> Path:
     """A NetFlow/IPFIX sample from tests/data/netflow or ../shared/data/netflow (AGPL/GPL)."""
-    local = DATA / "netflow" / rel
+    return _sample("netflow", rel, "AGPL/GPL")
+
+
+def _sample(kind: str, rel: str, licence: str) -> Path:
+    local = DATA / kind / rel
     if local.exists():
         return local
-    shared = SHARED / "netflow" / rel
-    need(shared.exists(), f"{shared} is absent (AGPL/GPL sample, not copied into the "
+    shared = SHARED / kind / rel
+    need(shared.exists(), f"{shared} is absent ({licence} sample, not copied into the "
          "repository)")
     return shared
 

@@ -1,10 +1,24 @@
 """Sources' own statistics as counters: a flow listener's datagrams, kernel drops and receive
-errors, a live capture's kernel packets and drops (each reported cumulatively by the source, as
-increments here), and a flow decoder's errors, sequence loss and pending sets."""
+errors, a live capture's kernel packets and drops, and a flow decoder's errors, sequence loss
+and pending sets. Each is reported as a running total by the source; ``Totals`` turns a total
+into the increment since the last report."""
 
 from __future__ import annotations
 
 from collector.metrics import Metrics
+
+
+class Totals:
+    """The last total seen per key: a counter is incremented by what a total grew by."""
+
+    def __init__(self):
+        self._seen: dict = {}
+
+    def add(self, counter, key, total: int) -> None:
+        seen = self._seen.get(key, 0)
+        if total > seen:
+            counter.inc(total - seen)
+            self._seen[key] = total
 
 
 def stats_callback(metrics: Metrics, cfg):
@@ -15,61 +29,44 @@ def stats_callback(metrics: Metrics, cfg):
 
 def listener_stats(metrics: Metrics, name: str):
     """A callback turning a flow listener's cumulative statistics into counters."""
-    seen = [0, 0]
-    metrics.kernel_drops.labels(name)
+    totals = Totals()
+    metrics.kernel_drops.labels(name)  # exported as 0 from the start
     metrics.flow_datagrams.labels(name)
 
-    errors: dict[str, int] = {}
-
     def update(st) -> None:
-        if st.datagrams > seen[0]:
-            metrics.flow_datagrams.labels(name).inc(st.datagrams - seen[0])
-        if st.kernel_drops > seen[1]:
-            metrics.kernel_drops.labels(name).inc(st.kernel_drops - seen[1])
-        seen[0], seen[1] = max(seen[0], st.datagrams), max(seen[1], st.kernel_drops)
+        totals.add(metrics.flow_datagrams.labels(name), "datagrams", st.datagrams)
+        totals.add(metrics.kernel_drops.labels(name), "drops", st.kernel_drops)
         for reason, n in list(st.errors.items()):
-            if n > errors.get(reason, 0):
-                metrics.receive_errors.labels(name, reason).inc(n - errors.get(reason, 0))
-                errors[reason] = n
+            totals.add(metrics.receive_errors.labels(name, reason), reason, n)
     return update
 
 
 def kernel_stats(metrics: Metrics, name: str):
     """A callback turning a live source's cumulative kernel statistics into counters."""
-    seen = [0, 0]
+    totals = Totals()
     metrics.kernel_packets.labels(name)  # exported as 0 from the start
     metrics.kernel_drops.labels(name)
 
     def update(k) -> None:
-        if k.packets > seen[0]:
-            metrics.kernel_packets.labels(name).inc(k.packets - seen[0])
-        if k.drops > seen[1]:
-            metrics.kernel_drops.labels(name).inc(k.drops - seen[1])
-        seen[0], seen[1] = max(seen[0], k.packets), max(seen[1], k.drops)
+        totals.add(metrics.kernel_packets.labels(name), "packets", k.packets)
+        totals.add(metrics.kernel_drops.labels(name), "drops", k.drops)
     return update
 
 
 class FlowCounters:
-    """A flow source's decoder counters (errors by reason, sequence loss, sets pending a
-    template) turned into metric increments after each batch."""
+    """A flow source's decoder counters (errors by reason, sequence loss per exporter, sets
+    pending a template) as metric increments, after each batch."""
 
     def __init__(self, metrics: Metrics):
         self.metrics = metrics
-        self._seen: dict[str, dict] = {}
+        self._totals: dict[str, Totals] = {}
 
     def update(self, src) -> None:
-        """Decoder counters (errors by reason, sequence loss) as metric increments."""
-        seen = self._seen.setdefault(src.name, {})
-        dec = src.decoder
+        totals = self._totals.setdefault(src.name, Totals())
+        dec, m = src.decoder, self.metrics
         for reason, n in list(dec.errors.items()):
-            if n > seen.get(reason, 0):
-                self.metrics.decode_errors.labels(src.name, reason).inc(n - seen.get(reason, 0))
-                seen[reason] = n
+            totals.add(m.decode_errors.labels(src.name, reason), reason, n)
         for st in dec.streams():
-            k = ("lost", st["exporter"])
-            lost = seen.get(k, 0)
-            if st["sequence"]["lost"] > lost:
-                self.metrics.flow_sequence_lost.labels(src.name, st["exporter"]).inc(
-                    st["sequence"]["lost"] - lost)
-                seen[k] = st["sequence"]["lost"]
-        self.metrics.flow_pending.labels(src.name).set(dec.pending_sets)
+            totals.add(m.flow_sequence_lost.labels(src.name, st["exporter"]),
+                       ("lost", st["exporter"]), st["sequence"]["lost"])
+        m.flow_pending.labels(src.name).set(dec.pending_sets)
