@@ -34,6 +34,7 @@ run: $(STAMP) java
 test: $(STAMP) java
 	$(BIN)/python -m pytest -q --durations=12
 
+# Everything that starts no JVM and no daemon (tests/lanes.py), in under two minutes.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
