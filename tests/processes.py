@@ -4,7 +4,6 @@ test that uses these is slow by construction (tests/conftest.py)."""
 
 from __future__ import annotations
 
-import datetime
 import os
 import signal
 import socket
@@ -13,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import dpkt

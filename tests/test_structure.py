@@ -6,7 +6,7 @@ inside functions, and type-only ones under ``TYPE_CHECKING``):
   catalogue and the numba settings of ``capture``;
 - inside ``collector/``, the modules every layer uses (``config``, ``metrics``, ``keys``) <
   ``pipeline/`` (the per-batch stages) < ``spark/`` (the HFTA) < ``daemon/``;
-- no import cycle between modules.
+- no import cycle between modules, and no test module imported by another.
 """
 
 from __future__ import annotations
@@ -100,3 +100,20 @@ def test_no_import_cycle():
     for m in sorted(GRAPH):
         if m not in state:
             visit(m)
+
+
+def test_no_test_module_imports_another():
+    """What tests share lives in helper modules (tests/helpers.py, pipelines.py, processes.py,
+    reference.py, flowtools.py), never in a test module another one imports."""
+    found = []
+    for path in (ROOT / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            found += [f"{path.relative_to(ROOT)} imports {n}" for n in names
+                      if n.startswith("tests.") and n.rsplit(".", 1)[-1].startswith("test_")]
+    assert not found, found
