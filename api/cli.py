@@ -22,12 +22,16 @@ import threading
 import traceback
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from capture.errors import CaptureError
 from capture.fields import BYTES, IP, TS, fields, ip_text
 from capture.netflow import DEFAULT_FLOW_PORTS
 from collector.pipeline.spool import SpoolFull
 from planner.ir import QueryError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 STREAMS = ("packets", "flows")
 FROM_CONFIG = object()  # --bits not given: the config's planner.bit_budget
@@ -117,8 +121,11 @@ def parser() -> argparse.ArgumentParser:
                    help=PORTS_HELP)
     d.add_argument("--fields", help="comma-separated catalogue fields (default: all but "
                    "payload, which prints as hex when named; see flowsieve fields)")
-    d.add_argument("--format", choices=("csv", "json"), default="csv",
-                   help="csv with a header row, or one JSON object per line (default csv)")
+    d.add_argument("--format", choices=("csv", "json", "parquet"), default="csv",
+                   help="csv with a header row, one JSON object per line, or Parquet (a row "
+                   "group per batch read; addresses as text, ts in ns; default csv)")
+    d.add_argument("--output", metavar="FILE",
+                   help="write to FILE (replaced when complete) instead of standard output")
 
     pl = sub.add_parser("plan", help="print the compiled plan",
                         description="Compile queries and print the plan the daemon would run: "
@@ -426,6 +433,93 @@ def _field_names(stream: str, text: str | None) -> list[str]:
     return names
 
 
+def _decoded_schema(stream: str, names: list[str]) -> pa.Schema:
+    """Decoded columns for Parquet: addresses as text, a packet's ``ts`` in nanoseconds, every
+    other field as the catalogue types it."""
+    import pyarrow as pa
+    cat = fields(stream)
+
+    def arrow_type(n: str):
+        if cat[n].kind == IP:
+            return pa.string()
+        if n == "ts" and stream == "packets":
+            return pa.timestamp("ns", tz="UTC")
+        return cat[n].arrow_type
+    return pa.schema([pa.field(n, arrow_type(n)) for n in names])
+
+
+def _decoded_table(batch, schema: pa.Schema) -> pa.Table:
+    """One batch's columns (a TupleBatch or a FlowBatch) in ``schema``."""
+    import pyarrow as pa
+
+    from collector.spark.answers import ip_strings
+    cols = []
+    for f in schema:
+        if pa.types.is_timestamp(f.type) and f.type.unit == "ns":
+            col = pa.array(batch.ts_ns, f.type)
+        else:
+            col = batch.arrow(f.name)
+            if pa.types.is_string(f.type) and pa.types.is_binary(col.type):
+                col = ip_strings(col)
+        cols.append(col.cast(f.type))
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+class _DecodeOutput:
+    """Where decoded rows go: CSV, JSON lines or Parquet, on standard output or into a file
+    written under a hidden name and renamed into place once complete (a failed decode leaves
+    no half file)."""
+
+    def __init__(self, fmt: str, path: str | None, stream: str, names: list[str]):
+        import pyarrow.parquet as pq
+        self.fmt, self.path, self.names = fmt, path, names
+        self.kinds = [fields(stream)[n].kind for n in names]
+        self.schema = _decoded_schema(stream, names)
+        if fmt == "parquet" and path is None and sys.stdout.isatty():
+            raise CliError("Parquet is binary: give --output FILE or redirect standard output")
+        self.tmp = None
+        if path is not None:
+            target = Path(path)
+            if target.is_dir():
+                raise CliError(f"output {path} is a directory")
+            self.tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        binary = fmt == "parquet"
+        try:
+            self.out = open(self.tmp, "wb" if binary else "w", newline=None if binary else "") \
+                if self.tmp is not None else (sys.stdout.buffer if binary else sys.stdout)
+        except OSError as e:
+            raise CliError(f"output {path} cannot be written: {e.strerror}") from e
+        self.csv = csv.writer(self.out, lineterminator="\n") if fmt == "csv" else None
+        self.parquet = pq.ParquetWriter(self.out, self.schema) if binary else None
+        if self.csv:
+            self.csv.writerow(names)
+
+    def write(self, batch) -> None:
+        if self.parquet is not None:
+            self.parquet.write_table(_decoded_table(batch, self.schema))
+            return
+        if hasattr(batch, "ts_ns"):  # packets: ts as integer nanoseconds
+            cols = [batch.ts_ns.tolist() if n == "ts" else batch.arrow(n).to_pylist()
+                    for n in self.names]
+        else:  # flow records: integers (times in ns) as the decoder holds them
+            cols = [batch.arrow(n).to_pylist() if k == IP else
+                    [None if v < 0 else int(v) for v in batch.column(n)]
+                    for n, k in zip(self.names, self.kinds, strict=True)]
+        _write_rows(self.out, self.csv, self.names, self.kinds, cols)
+
+    def close(self, ok: bool) -> None:
+        if self.parquet is not None:
+            self.parquet.close()
+        if self.tmp is None:
+            self.out.flush()
+            return
+        self.out.close()
+        if ok:
+            os.replace(self.tmp, self.path)
+        else:
+            self.tmp.unlink(missing_ok=True)
+
+
 def cmd_decode(args) -> int:
     import time
 
@@ -433,40 +527,26 @@ def cmd_decode(args) -> int:
     from capture.pcap import open_capture
     from capture.unpack import unpack
     stream = args.stream
-    cat = fields(stream)
     names = _field_names(stream, args.fields)
-    kinds = [cat[n].kind for n in names]
     check_capture(args.capture)
     progress = Progress(f"decode {stream}", _file_size(args.capture))
     decoder = Decoder() if stream == "flows" else None
+    reader = open_capture(args.capture)  # the file is opened before any output is written
+    output = _DecodeOutput(args.format, args.output, stream, names)
+    ok = False
     try:
-        out = sys.stdout
-        writer = csv.writer(out, lineterminator="\n") if args.format == "csv" else None
-        reader = open_capture(args.capture)  # the file is opened before the header is written
-        if writer:
-            writer.writerow(names)
         t0, records = time.monotonic(), 0
-        if stream == "packets":
-            for raw in reader:
-                tb = unpack(raw, names)
-                _write_rows(out, writer, names, kinds,
-                            [tb.ts_ns.tolist() if n == "ts" else tb.arrow(n).to_pylist()
-                             for n in names])
-                records += len(raw)
-                progress.update("decode packets", reader.stats.bytes, records,
-                                time.monotonic() - t0)
-        else:
-            for fb in capture_flows(reader, args.flow_ports, decoder):
-                _write_rows(out, writer, names, kinds,
-                            [fb.arrow(n).to_pylist() if cat[n].kind == IP
-                             else [None if v < 0 else int(v) for v in fb.column(n)]
-                             for n in names])
-                records += len(fb)
-                progress.update("decode flows", reader.stats.bytes, records,
-                                time.monotonic() - t0)
+        batches = (unpack(raw, names) for raw in reader) if stream == "packets" else \
+            capture_flows(reader, args.flow_ports, decoder)
+        for batch in batches:
+            output.write(batch)
+            records += len(batch)
+            progress.update(f"decode {stream}", reader.stats.bytes, records,
+                            time.monotonic() - t0)
+        ok = True
     finally:
         progress.close()
-        sys.stdout.flush()
+        output.close(ok)
     if decoder is not None and decoder.errors:
         detail = ", ".join(f"{k}: {v}" for k, v in sorted(decoder.errors.items()))
         print(f"decode: input skipped ({detail})", file=sys.stderr)
