@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
+from prometheus_client import (
+    GC_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 LAG_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 
@@ -13,6 +25,15 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        # what every process is expected to export: its memory, CPU, open files, Python's
+        # version and garbage collections, and what is running
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        r.register(GC_COLLECTOR)
+        self.build = Info("flowsieve_build", "The running flowsieve, Python and Spark",
+                          registry=r)
+        self.build.info({"version": _version("flowsieve"), "pyspark": _version("pyspark"),
+                         "python": platform.python_version()})
         self.packets_in = Counter("flowsieve_packets_in", "Packets read from sources",
                                   ["source"], registry=r)
         self.bytes_in = Counter("flowsieve_bytes_in", "Captured bytes read from sources",
@@ -130,6 +151,12 @@ class Metrics:
                                       "Spark streaming queries that stopped on an error (each "
                                       "is restarted after a back-off)", ["stream", "folder"],
                                       registry=r)
+        self.spool_bytes = Gauge("flowsieve_spool_bytes",
+                                 "Bytes the spool holds now (files Spark has not read yet)",
+                                 registry=r)
+        self.spool_max_bytes = Gauge("flowsieve_spool_max_bytes",
+                                     "spool.max_bytes: at it, a source waits or drops",
+                                     registry=r)
         self.spool_quarantined = Gauge("flowsieve_spool_quarantined_files",
                                        "Unreadable spool files set aside in <folder>/bad/",
                                        registry=r)
@@ -195,3 +222,10 @@ class Metrics:
         for attr, labels, value in counts:
             m = getattr(self, attr)
             (m.labels(**labels) if labels else m).inc(value)
+
+
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "unknown"

@@ -81,6 +81,8 @@ class Collector(QueryService, Supervision):
         with_spark = with_spark and not probe
         self.spool = Spool(s.spool_dir, s.spool.max_bytes, "drop", format=s.spool.format,
                            probe=s.probe)
+        self.metrics.spool_bytes.set_function(self.spool.size)  # walked when scraped
+        self.metrics.spool_max_bytes.set(s.spool.max_bytes)
         if not probe and not self.registry.entries() and s.initial_queries:
             for q in parse_queries(Path(s.initial_queries).read_text()):
                 self.registry.add(q.name, q.text)

@@ -106,6 +106,33 @@ def test_metrics_and_health(client):
     assert h["status"] == "ok" and h["queries"] == 3
 
 
+def test_process_build_and_spool_fill_metrics(tmp_path):
+    """What a process is expected to export (memory, CPU, garbage collections), the build, and
+    how full the spool is, against the files in it, read when scraped."""
+    from importlib.metadata import version
+
+    c = Collector(load_settings(var_dir=tmp_path / "var", spool={"max_bytes": 1 << 20}))
+    c.start(with_sources=False, with_spark=False)
+    try:
+        with TestClient(create_app(c)) as client:
+            text = client.get("/metrics").text
+            values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                      for line in text.splitlines() if line and not line.startswith("#")}
+            assert values["process_resident_memory_bytes"] > 0
+            assert values['python_gc_objects_collected_total{generation="0"}'] >= 0
+            assert values["flowsieve_spool_max_bytes"] == 1 << 20
+            assert values["flowsieve_spool_bytes"] == 0
+            assert any(k.startswith("flowsieve_build_info{") and
+                       f'version="{version("flowsieve")}"' in k for k in values)
+            folder = c.settings.spool_dir / "packets" / "60"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "1.test.parquet").write_bytes(b"x" * 5000)  # a spool file's name
+            text = client.get("/metrics").text
+            assert "flowsieve_spool_bytes 5000.0" in text.splitlines()
+    finally:
+        c.stop()
+
+
 def test_registry_survives_restart(tmp_path):
     """Queries, slots and the plan version persist in SQLite across a restart."""
     settings = load_settings(var_dir=tmp_path / "var")
