@@ -318,12 +318,14 @@ def exported_metrics() -> dict[str, set[str]]:
 
     from collector.metrics import Metrics
     suffixes = {"counter": ("_total", "_created"), "gauge": ("",),
-                "histogram": ("_bucket", "_count", "_sum", "_created")}
+                "histogram": ("_bucket", "_count", "_sum", "_created"), "info": ("_info",)}
     out = {}
     for m in vars(Metrics()).values():
         if isinstance(m, MetricWrapperBase):
+            info = set(m._value) if m._type == "info" else set()  # an Info's keys are labels
             for s in suffixes[m._type]:
-                out[m._name + s] = set(m._labelnames) | ({"le"} if s == "_bucket" else set())
+                out[m._name + s] = set(m._labelnames) | info | \
+                    ({"le"} if s == "_bucket" else set())
     return out
 
 
