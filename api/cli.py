@@ -660,8 +660,9 @@ def cmd_run(args) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per Spark callback
     collector = Collector(settings)
     app = create_app(collector, manage=True)
+    # SIGTERM: open requests get 5 s, then the collector stops (shutdown_timeout_s)
     config = uvicorn.Config(app, host=settings.api.host, port=settings.api.port,
-                            log_level="info")
+                            log_level="info", timeout_graceful_shutdown=5)
     host = f"[{settings.api.host}]" if ":" in settings.api.host else settings.api.host
     logging.getLogger("flowsieve").info("API on http://%s:%d (answers once started)", host,
                                         settings.api.port)

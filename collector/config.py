@@ -347,6 +347,10 @@ class Settings(BaseSettings):
     om: OmConfig = Field(default_factory=OmConfig)
     results: ResultsConfig = Field(default_factory=ResultsConfig)
     batch_size: int = Field(65536, ge=1, le=1 << 22)
+    shutdown_timeout_s: float = Field(
+        20.0, gt=0, le=600, description="a stop (SIGTERM) ends within this: sources stop and "
+        "flush, Spark merges what the spool holds and stops between batches, its JVM exits "
+        "(killed at the end of this time); give a container's stop grace period more")
     replay_workers: int = Field(
         0, ge=0, le=64, description="processes that read a classic pcap file in flowsieve "
         "replay, each a byte range with its own engine writing the one spool (0: one per CPU "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 
 from collector.config import Settings
@@ -116,11 +117,34 @@ class Collector(QueryService, Supervision):
         self.started = True
 
     def stop(self) -> None:
+        """A clean stop within ``shutdown_timeout_s``: the sources stop (a durable one commits
+        where it is), every engine's partials go to the spool and no window closes; Spark
+        merges what the spool holds, its streaming queries stop between batches, and its JVM
+        ends (killed at the deadline: never left behind)."""
+        s = self.settings
+        start = time.monotonic()
+        deadline = start + s.shutdown_timeout_s
+        jvm_share = min(10.0, s.shutdown_timeout_s / 3)  # what the JVM's exit may take
         self._stop.set()
-        for t in self._threads:  # a durable source commits where it is before it ends
-            t.join(timeout=60)
+        for t in self._threads:  # each flushes its engine's partials when it ends
+            t.join(timeout=max(0.0, deadline - jvm_share - time.monotonic()))
+        left = [t.name for t in self._threads if t.is_alive()]
+        if left:
+            log.warning("stopping: %s did not end in time; their unflushed partials are lost",
+                        ", ".join(left))
         if self.job is not None:
-            self.job.stop()
+            if not self.job.drain(deadline - jvm_share):
+                log.warning("stopping: Spark did not merge all of the spool in time; the "
+                            "rest is merged when the daemon starts again")
+            self.job.stop(deadline - jvm_share)
+            self.job = None
+        if self._spark is None and self.spark is not None:
+            from collector.spark.session import stop_jvm
+            how = stop_jvm(self.spark, max(1.0, deadline - time.monotonic()))
+            if how == "killed":
+                log.warning("stopping: the Spark JVM did not exit in time and was killed")
+            self.spark = None
         if self.registry is not None:
             self.registry.close()
         self.started = False
+        log.info("stopped in %.1f s", time.monotonic() - start)

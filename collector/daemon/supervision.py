@@ -147,8 +147,12 @@ class Supervision:
                         engine.process(raw, src.name, position, tuples)
                     if hasattr(src, "decoder"):
                         self.flow_counters.update(src)
-            if durable and self._stop.is_set():
-                engine.commit(force=True)  # stopped, not at its end: resume here next time
+            if self._stop.is_set():  # stopped, not at its end: no window closes
+                if durable:
+                    engine.commit(force=True)  # resume here next time
+                else:
+                    engine.finish(close=False)  # the partials to the spool, for Spark
+                self.source_state[src.name] = "stopped"
                 return
             self._finish(engine)
             self.source_state[src.name] = "finished"

@@ -282,9 +282,33 @@ class SparkJob:
                 self.complete_before[key] = max(t, self.complete_before.get(key, t))
         self._seen_batch[key] = seen
 
-    def stop(self) -> None:
+    def drain(self, deadline: float) -> bool:
+        """Let every streaming query process what the spool holds now (the daemon's sources
+        have stopped and flushed their partials), until ``deadline`` (``time.monotonic``);
+        whether they all did. The merged partials are then in the queries' checkpoints: a
+        clean stop leaves nothing in the spool that Spark has not read."""
+        done = []
+
+        def wait_all() -> None:
+            for sq in list(self.queries.values()):
+                if sq.isActive:
+                    sq.processAllAvailable()
+            done.append(True)
+
+        t = threading.Thread(target=wait_all, name="spark-drain", daemon=True)
+        t.start()
+        t.join(max(0.0, deadline - time.monotonic()))
+        return bool(done)
+
+    def stop(self, deadline: float | None = None) -> None:
+        """Stop the streaming queries, each between two batches when it can (until
+        ``deadline``): stopping one inside a batch interrupts the answer job, whose
+        Python callback and tasks then fail with the JVM's stack traces in the log."""
         for sq in list(self.queries.values()):
             try:
+                while deadline is not None and time.monotonic() < deadline and \
+                        sq.isActive and sq.status.get("isTriggerActive"):
+                    time.sleep(0.05)
                 sq.stop()
             except Exception as e:  # noqa: BLE001 - stopping must not raise
                 log.warning("stopping %s: %s", sq.name, e)

@@ -24,6 +24,7 @@ ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvi
 QUICK_START_BYTES = 64 << 20
 ARROW_BATCH_ROWS = 65536  # rows per Arrow batch to and from Spark's Python workers
 _dump_ready: Path | None = None  # marks this process's JVM's class dump as worth keeping
+_dump: Path | None = None  # the class dump this process's JVM writes when it exits
 
 
 def jvm_options(class_archive: str | os.PathLike | None, quick_start: bool) -> list[str]:
@@ -34,7 +35,7 @@ def jvm_options(class_archive: str | os.PathLike | None, quick_start: bool) -> l
     holds a fifth of the classes a merge loads. It is promoted to ``class_archive`` once the
     process that started its JVM is gone and it has not changed for 10 s; a stale or foreign
     archive is ignored by the JVM (``-Xshare:auto``)."""
-    global _dump_ready
+    global _dump_ready, _dump
     opts = []
     if quick_start:
         opts += ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
@@ -52,6 +53,7 @@ def jvm_options(class_archive: str | os.PathLike | None, quick_start: bool) -> l
             dump = archive.with_name(f"{archive.name}.dump-{os.getpid()}")
             opts.append(f"-XX:ArchiveClassesAtExit={dump}")
             _dump_ready = dump.with_name(dump.name + ".ready")
+            _dump = dump
     return opts
 
 
@@ -112,6 +114,44 @@ def class_dump_ready() -> None:
         with contextlib.suppress(OSError):
             _dump_ready.touch()
         _dump_ready = None
+
+
+def stop_jvm(spark: SparkSession | None, timeout_s: float) -> str:
+    """Stop the session and the JVM this process launched for it, within ``timeout_s``: the
+    SparkContext stops (its executors and Python workers with it), Py4J's connections close,
+    and the JVM, told by the end of its standard input (pyspark's gateway exits then), ends
+    by itself, writing its class dump if it has one to write. One that has not ended by then
+    is killed and its unfinished dump removed: a daemon never leaves its JVM running behind
+    it. How it ended: ``exited`` (its code), ``killed``, or ``none`` (no JVM of ours)."""
+    import subprocess
+    global _dump_ready
+    deadline = time.monotonic() + timeout_s
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    if spark is not None:
+        with contextlib.suppress(Exception):  # a dead JVM cannot stop: nothing to stop then
+            spark.stop()
+    if gateway is not None:
+        with contextlib.suppress(Exception):
+            gateway.shutdown()
+    SparkContext._gateway = SparkContext._jvm = None
+    SparkContext._active_spark_context = None
+    SparkSession._instantiatedSession = SparkSession._activeSession = None
+    if proc is None:
+        return "none"
+    with contextlib.suppress(OSError):
+        proc.stdin.close()
+    try:
+        return f"exited ({proc.wait(max(0.0, deadline - time.monotonic()))})"
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if _dump is not None:  # a dump cut short is no archive: it and its marker go
+        for path in (_dump, _dump.with_name(_dump.name + ".ready")):
+            with contextlib.suppress(OSError):
+                path.unlink()
+    _dump_ready = None
+    return "killed"
 
 
 def _alive(pid: int) -> bool:

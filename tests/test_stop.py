@@ -1,0 +1,129 @@
+"""A clean stop (SIGTERM) of a daemon with Spark under traffic: it exits in its time, leaves no
+process of its own running, logs no Java stack trace, and leaves nothing in the spool that
+Spark has not merged; and a JVM that cannot finish in time is killed with its class dump."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from collector.config import data_file
+from tests.helpers import ROOT
+from tests.processes import daemon_config, start_daemon, stop_daemon, wait_for
+
+pytestmark = pytest.mark.slow
+
+Q_5S = open(data_file("example.sql")).read().replace("time/60", "time/5")
+JAVA_FRAME = re.compile(r"^\s+at [\w$.<>/]+\(.*\)\s*$|Exception in thread|^Traceback ")
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every process under ``pid`` (from /proc): pid -> command line."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(d))
+    out: dict[int, str] = {}
+    todo = [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            try:
+                out[c] = Path(f"/proc/{c}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            todo.append(c)
+    return out
+
+
+def running(pid: int) -> bool:
+    """The process exists and is no zombie (an exited child not yet reaped is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def merged_files(checkpoints: Path) -> set[str]:
+    """The spool files Spark's file sources have taken into a batch (their logs)."""
+    out = set()
+    for log in checkpoints.glob("*/*/sources/0/*"):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                out.add(Path(json.loads(line)["path"].removeprefix("file:")).name)
+    return out
+
+
+def test_sigterm_under_traffic_stops_everything_cleanly(tmp_path):
+    cfg, port = daemon_config(tmp_path, ["{type: pcap, name: sample, loop: true, "
+                                         "restamp: true}"], Q_5S)
+    cfg.write_text(cfg.read_text() + "shutdown_timeout_s: 40\n")
+    base = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "daemon.log"
+    with open(log_path, "w") as log:
+        proc = start_daemon(cfg, log)
+        try:
+            # Spark has answered windows, and packets keep coming (the capture loops)
+            wait_for(lambda: httpx.get(f"{base}/queries/udp_bw/results",
+                                       timeout=10).json()["rows"], 240, "udp_bw results")
+            tree = descendants(proc.pid)
+            assert any("java" in c for c in tree.values()), tree  # the JVM is a child
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=40 + 60)
+        finally:
+            stop_daemon(proc)
+    text = log_path.read_text(errors="replace")
+    assert code in (0, -signal.SIGTERM), text[-3000:]  # uvicorn re-raises the signal it caught
+    # nothing of the daemon's runs on: the JVM and Spark's Python workers have ended with it
+    deadline = time.monotonic() + 10  # a worker reads its end of a closed socket
+    while time.monotonic() < deadline and any(running(p) for p in tree):
+        time.sleep(0.2)
+    assert not {p: c for p, c in tree.items() if running(p)}
+    # no Java stack trace, no Python traceback: a stop is no failure
+    bad = [ln for ln in text.splitlines() if JAVA_FRAME.search(ln)]
+    assert not bad, "\n".join(bad[:20])
+    assert "stopped in" in text
+    assert "did not" not in text  # neither the sources, Spark nor the JVM needed the deadline
+    # drained: every spool file left was merged by Spark (the checkpoints say so)
+    spool = [p.name for p in (tmp_path / "var" / "spool").glob("*/*/*.parquet")]
+    assert spool == [] or set(spool) <= merged_files(tmp_path / "var" / "checkpoints")
+
+
+def test_a_jvm_that_cannot_exit_in_time_is_killed_with_its_class_dump(tmp_path):
+    """A JVM still writing its class dump at the deadline is killed, and what it wrote is
+    removed: no archive is promoted from half a dump."""
+    script = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from pyspark import SparkContext
+from collector.spark.session import (build_session, class_archive_path, class_dump_ready,
+                                     stop_jvm)
+archive = class_archive_path({str(tmp_path)!r})
+spark = build_session("local[1]", "512m", 1, False, class_archive=archive)
+spark.range(10).count()
+class_dump_ready()
+pid = SparkContext._gateway.proc.pid
+print(pid, stop_jvm(spark, 0.0), flush=True)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    pid, how = out.stdout.split()
+    assert how == "killed"
+    assert not running(int(pid))
+    assert list(tmp_path.glob("*.jsa*")) == []
