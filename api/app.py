@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
@@ -39,7 +40,8 @@ def create_app(collector: Collector, manage: bool = False) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=api.cors_origins,
                            allow_methods=["GET", "POST", "PATCH", "DELETE"],
                            allow_headers=["Authorization", "Content-Type"])
-    app.add_middleware(Guard, config=api)  # outermost: refusals before anything runs
+    app.add_middleware(Guard, config=api)  # refusals before anything runs
+    app.add_middleware(RequestMetrics, metrics=collector.metrics)  # outermost: refusals count
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -99,6 +101,35 @@ def create_app(collector: Collector, manage: bool = False) -> FastAPI:
 
     app.openapi = lambda: _openapi(app)
     return app
+
+
+class RequestMetrics:
+    """Counts every HTTP request by route template (``/queries/{name}``, never the path a
+    client made up: bounded label values), method and status, and times it; one the guard
+    refused before routing counts as route ``unrouted``."""
+
+    def __init__(self, app, metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = [500]  # an exception before a response is a 500
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+        t0 = time.perf_counter()
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = getattr(scope.get("route"), "path", "unrouted")
+            method = scope.get("method", "")
+            self.metrics.api_requests.labels(route, method, str(status[0])).inc()
+            self.metrics.api_seconds.labels(route, method).observe(time.perf_counter() - t0)
 
 
 PROBLEM_SCHEMA = {

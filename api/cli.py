@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -104,6 +105,9 @@ def parser() -> argparse.ArgumentParser:
                     "(must be empty)")
     rp.add_argument("--format", choices=("table", "csv", "json"), default="table",
                     help="table for people, csv or json lines for scripts (default table)")
+    rp.add_argument("--time", choices=("iso", "epoch", "bucket"), default="iso",
+                    help="windows' start and end as ISO 8601 UTC (default), epoch seconds, or "
+                    "bucket: left out (the query's own time/N column only, the old form)")
     rp.add_argument("--bits", type=_bits, default=FROM_CONFIG, help=BITS_HELP)
     rp.add_argument("--workers", type=_workers, default=None,
                     help="processes that read a classic pcap file, each a byte range (default "
@@ -521,7 +525,6 @@ class _DecodeOutput:
 
 
 def cmd_decode(args) -> int:
-    import time
 
     from capture.netflow import Decoder, capture_flows
     from capture.pcap import open_capture
@@ -554,7 +557,6 @@ def cmd_decode(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    import time
     from concurrent.futures import Future
 
     from api.formats import write_answers
@@ -589,6 +591,7 @@ def cmd_replay(args) -> int:
     t0 = time.monotonic()
     # the JVM's own output (stack traces) goes to a log the error line names, not the terminal
     jvm_log = Path(tempfile.gettempdir()) / f"flowsieve-replay-{os.getpid()}-spark.log"
+    forget_jvm_logs(jvm_log.parent)
 
     def report(stage: str, records: int | None) -> None:
         if records is None:  # Spark's stage: the input is all read
@@ -628,7 +631,7 @@ def cmd_replay(args) -> int:
         jvm_log.unlink(missing_ok=True)
         progress.close()
         sys.stdout.flush()
-        write_answers(sys.stdout.buffer, args.format, res.results, queries)
+        write_answers(sys.stdout.buffer, args.format, res.results, queries, args.time)
         sys.stdout.buffer.flush()
         if res.error is not None:
             raise res.error
@@ -637,6 +640,22 @@ def cmd_replay(args) -> int:
         if tmp is not None:
             tmp.cleanup()
     return 0
+
+
+JVM_LOG_DAYS = 1  # a failed replay's JVM log is kept this long for its user to read
+
+
+def forget_jvm_logs(folder: Path, now: float | None = None) -> int:
+    """Remove the JVM logs that failed replays left (each names its log in its error line)
+    more than a day ago; how many."""
+    now = time.time() if now is None else now
+    removed = 0
+    for path in folder.glob("flowsieve-replay-*-spark.log"):
+        with contextlib.suppress(OSError):
+            if now - path.stat().st_mtime > JVM_LOG_DAYS * 86400:
+                path.unlink()
+                removed += 1
+    return removed
 
 
 def cmd_run(args) -> int:

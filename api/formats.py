@@ -2,9 +2,10 @@
 Arrow's writers and compute functions a part at a time. No Python object is made per row, so
 memory stays bounded by the largest window whatever the answer's size.
 
-Formats (DESIGN, "Command line"): times print as ISO 8601 UTC (``2026-11-27T13:00:00Z``);
-addresses were printed by the HFTA; NULL prints empty in CSV and ``null`` in JSON; doubles print
-in the shortest form that reads back the same.
+Formats (DESIGN, "Command line"): times print as ISO 8601 UTC (``2026-11-27T13:00:00Z``), or
+as epoch seconds, or not at all beside the query's own bucket column (``TIMES``: a script's old
+form); addresses were printed by the HFTA; NULL prints empty in CSV and ``null`` in JSON;
+doubles print in the shortest form that reads back the same.
 """
 
 from __future__ import annotations
@@ -31,18 +32,42 @@ _JSON_ESCAPES = [("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\
 _CONTROL = "[\\x00-\\x07\\x0b\\x0e-\\x1f\\x7f]"
 
 
-def columns(query: Query) -> list[str]:
-    """A query's printed columns: its outputs, then the window's start and end (a selection:
-    its outputs)."""
+# how times print: ISO 8601 text, epoch seconds, or only as the query's own bucket column
+# (``time/60 AS t``: window_start and window_end left out)
+TIMES = ("iso", "epoch", "bucket")
+
+
+def columns(query: Query, time: str = "iso") -> list[str]:
+    """A query's printed columns: its outputs, then the window's start and end unless times
+    print as buckets (a selection: its outputs)."""
     names = [o.name for o in query.outputs]
-    return names if query.is_selection else [*names, "window_start", "window_end"]
+    if query.is_selection or time == "bucket":
+        return names
+    return [*names, "window_start", "window_end"]
 
 
-def printable(table: pa.Table) -> pa.Table:
-    """Times as ISO 8601 text (whole seconds unless the time has a fraction), every other
-    column as it is."""
-    cols = [iso_times(c) if pa.types.is_timestamp(c.type) else c for c in table.columns]
+def printable(table: pa.Table, time: str = "iso") -> pa.Table:
+    """Times as ISO 8601 text (whole seconds unless the time has a fraction) or as epoch
+    seconds (``time="epoch"``), every other column as it is."""
+    convert = epoch_seconds if time == "epoch" else iso_times
+    cols = [convert(c) if pa.types.is_timestamp(c.type) else c for c in table.columns]
     return pa.Table.from_arrays(cols, names=table.column_names)
+
+
+def with_times(table: pa.Table, time: str) -> pa.Table:
+    """An answer table for a Parquet download: times kept as timestamps (``iso``), as epoch
+    seconds, or the window's columns left out (``bucket``)."""
+    if time == "bucket":
+        return table.drop_columns([c for c in ("window_start", "window_end")
+                                   if c in table.column_names])
+    return printable(table, time) if time == "epoch" else table
+
+
+def epoch_seconds(col: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """UTC times as epoch seconds: integers, or doubles where a time has a fraction."""
+    us = pc.cast(col, pa.int64())
+    whole = pc.all(pc.equal(pc.remainder(us, 1_000_000), 0)).as_py() is not False
+    return pc.divide(us, 1_000_000) if whole else pc.divide(pc.cast(us, pa.float64()), 1e6)
 
 
 def iso_times(col: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -86,13 +111,13 @@ def _json_value(col: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 
 def json_lines(table: pa.Table, names: list[str], first: dict[str, str] | None = None,
-               end: str = "\n") -> bytes:
+               end: str = "\n", time: str = "iso") -> bytes:
     """Rows as JSON objects, each followed by ``end`` (one per line): ``first`` (constant keys
-    and values) then the ``names`` columns of ``table`` (times as ISO text)."""
+    and values) then the ``names`` columns of ``table`` (times as ``printable``)."""
     n = table.num_rows
     if not n:
         return b""
-    table = printable(table)
+    table = printable(table, time)
     pieces: list = []
     head = ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in (first or {}).items())
     sep = "{" + (head + "," if head else "")
@@ -117,10 +142,10 @@ def _joined(lines: pa.Array) -> bytes:
 
 
 def csv_rows(table: pa.Table, names: list[str], header: list[str] | None = None,
-             first: dict[str, str] | None = None) -> bytes:
+             first: dict[str, str] | None = None, time: str = "iso") -> bytes:
     """Rows as CSV (``header`` columns, empty where the table has none; ``first``: constant
     columns before them), without a header row."""
-    table = printable(table)
+    table = printable(table, time)
     n = table.num_rows
     cols, out_names = [], []
     for k, v in (first or {}).items():
@@ -154,9 +179,10 @@ def _csv(table: pa.Table, header: bool) -> bytes:
     raise AssertionError("unreachable: quoting_style needed always writes")
 
 
-def text_table(table: pa.Table, names: list[str], widths: dict[str, int]) -> bytes:
+def text_table(table: pa.Table, names: list[str], widths: dict[str, int],
+               time: str = "iso") -> bytes:
     """Rows right-aligned in columns of ``widths`` (two spaces apart), as ``replay``'s table."""
-    table = printable(table)
+    table = printable(table, time)
     cells = []
     for name in names:
         col = table.column(name)
@@ -168,9 +194,9 @@ def text_table(table: pa.Table, names: list[str], widths: dict[str, int]) -> byt
     return _joined(pc.binary_join_element_wise(lines, "\n", ""))
 
 
-def widths_of(table: pa.Table, names: list[str]) -> dict[str, int]:
+def widths_of(table: pa.Table, names: list[str], time: str = "iso") -> dict[str, int]:
     """Each column's widest printed value (at least its name's width)."""
-    table = printable(table)
+    table = printable(table, time)
     out = {}
     for name in names:
         col = table.column(name)
@@ -187,36 +213,37 @@ def parquet_bytes(table: pa.Table) -> bytes:
 
 
 def write_answers(out: BinaryIO, fmt: str, root: str | os.PathLike,
-                  queries: list[Query]) -> None:
+                  queries: list[Query], time: str = "iso") -> None:
     """``replay``'s output of every query's answer as Spark wrote it under ``root``, a part at
     a time: csv (a header ``query`` + the union of every query's columns in first-seen order,
     then one row per answer row), json (one object per line: ``query`` and the query's
-    columns) or table (per query, aligned columns under a ``== name (N rows)`` line)."""
+    columns) or table (per query, aligned columns under a ``== name (N rows)`` line); times
+    as ``printable``."""
     header: list[str] = []
     for q in queries:
-        for name in columns(q):
+        for name in columns(q, time):
             if name not in header:
                 header.append(name)
     if fmt == "csv":
         out.write(csv_header(["query", *header]))
     for q in queries:
-        names = columns(q)
+        names = columns(q, time)
         if fmt == "table":  # the widths first, a part at a time; then the rows
             widths = {n: len(n) for n in names}
             rows = 0
             for t in iter_results(root, q):
                 rows += t.num_rows
-                for n, w in widths_of(t, names).items():
+                for n, w in widths_of(t, names, time).items():
                     widths[n] = max(widths[n], w)
             out.write(f"== {q.name} ({rows} rows)\n".encode())
             out.write(("  ".join(n.rjust(widths[n]) for n in names) + "\n").encode())
             out.write(("  ".join("-" * widths[n] for n in names) + "\n").encode())
             for t in iter_results(root, q):
-                out.write(text_table(t, names, widths))
+                out.write(text_table(t, names, widths, time))
             out.write(b"\n")
             continue
         for t in iter_results(root, q):
             if fmt == "csv":
-                out.write(csv_rows(t, names, header, {"query": q.name}))
+                out.write(csv_rows(t, names, header, {"query": q.name}, time))
             else:
-                out.write(json_lines(t, names, {"query": q.name}))
+                out.write(json_lines(t, names, {"query": q.name}, time=time))

@@ -40,6 +40,20 @@ def parse_size(v: int | str) -> int:
     return int(m.group(1)) * UNITS[unit]
 
 
+DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
+SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(v: float | int | str) -> float:
+    """3600, '90s', '30m', '12h', '30d', '2w' → seconds."""
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return float(v)
+    m = DURATION_RE.match(str(v))
+    if not m:
+        raise ValueError(f"not a duration: {v!r} (e.g. 3600, 90s, 30m, 12h, 30d, 2w)")
+    return float(m.group(1)) * SECONDS[m.group(2).lower()]
+
+
 class ApiToken(BaseModel):
     """A bearer token and what it may do: ``read`` (GET routes) or ``admin`` (everything)."""
 
@@ -129,6 +143,13 @@ class SpoolConfig(BaseModel):
     probe_timeout_s: float = Field(3600.0, gt=0, description="a probe whose status in the "
                                    "spool is older than this no longer holds back the release "
                                    "of deleted queries' slots")
+    quarantine_max_age: float = Field(7 * 86400, gt=0, description="unreadable spool files "
+                                      "set aside in <folder>/bad/ are removed after this long")
+
+    @field_validator("quarantine_max_age", mode="before")
+    @classmethod
+    def _age(cls, v):
+        return parse_duration(v)
 
     @field_validator("max_bytes", mode="before")
     @classmethod
@@ -140,6 +161,23 @@ class ResultsConfig(BaseModel):
     path: Path | None = Field(None, description="where Spark writes the queries' answers "
                               "(default var_dir/results); on a cluster, shared storage that "
                               "every Spark worker writes and the control plane reads")
+    max_age: float | None = Field(30 * 86400, gt=0, description="each query keeps the answers "
+                                  "written within this long (seconds, or 90s, 12h, 30d, 2w); "
+                                  "null: no limit. A query may set its own (PATCH)")
+    max_bytes: int | None = Field(None, gt=0, description="each query keeps at most this many "
+                                  "bytes of answers, its oldest removed first (512MiB, 8GiB); "
+                                  "null: no limit. A query may set its own (PATCH)")
+    check_s: float = Field(60.0, gt=0, description="the daemon enforces retention this often")
+
+    @field_validator("max_age", mode="before")
+    @classmethod
+    def _age(cls, v):
+        return None if v is None else parse_duration(v)
+
+    @field_validator("max_bytes", mode="before")
+    @classmethod
+    def _bytes(cls, v):
+        return None if v is None else parse_size(v)
 
 
 class PlannerConfig(BaseModel):

@@ -34,6 +34,17 @@ class Metrics:
                           registry=r)
         self.build.info({"version": _version("flowsieve"), "pyspark": _version("pyspark"),
                          "python": platform.python_version()})
+        self.source_idle = Gauge("flowsieve_source_idle_seconds", "Seconds since the source "
+                                 "last delivered a tuple (since the daemon started, before its "
+                                 "first): a stalled exporter or link", ["source"], registry=r)
+        self.api_requests = Counter("flowsieve_api_requests", "API requests answered, by route "
+                                    "template, method and status", ["route", "method", "status"],
+                                    registry=r)
+        self.api_seconds = Histogram("flowsieve_api_request_duration_seconds", "API request "
+                                     "durations, by route template and method",
+                                     ["route", "method"], registry=r,
+                                     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
+                                              5, 10, 30))
         self.packets_in = Counter("flowsieve_packets_in", "Packets read from sources",
                                   ["source"], registry=r)
         self.bytes_in = Counter("flowsieve_bytes_in", "Captured bytes read from sources",
@@ -157,6 +168,11 @@ class Metrics:
         self.spool_max_bytes = Gauge("flowsieve_spool_max_bytes",
                                      "spool.max_bytes: at it, a source waits or drops",
                                      registry=r)
+        self.results_bytes = Gauge("flowsieve_results_bytes", "Bytes of answers a query holds "
+                                   "(after retention)", ["query"], registry=r)
+        self.results_removed = Counter("flowsieve_results_removed_files",
+                                       "Answer files removed by retention, by reason (age, "
+                                       "bytes)", ["query", "reason"], registry=r)
         self.spool_quarantined = Gauge("flowsieve_spool_quarantined_files",
                                        "Unreadable spool files set aside in <folder>/bad/",
                                        registry=r)

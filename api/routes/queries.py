@@ -11,9 +11,11 @@ from pydantic import BaseModel, Field
 
 from api.deps import CollectorDep
 from api.formats import columns as printed_columns
-from api.formats import csv_header, csv_rows, json_lines, parquet_bytes
-from collector.daemon.registry import QueryExists
+from api.formats import csv_header, csv_rows, json_lines, parquet_bytes, with_times
+from collector.config import parse_duration, parse_size
+from collector.daemon.registry import UNLIMITED, QueryExists
 from collector.daemon.results import CursorError, page, page_windows
+from collector.daemon.retention import held_bytes
 from planner.ir import QueryError
 
 router = APIRouter(prefix="/queries", tags=["queries"])
@@ -25,9 +27,27 @@ class QueryCreate(BaseModel):
     sql: str = Field(..., min_length=1, max_length=100_000)
 
 
+Limit = int | float | str | None
+
+
 class QueryPatch(BaseModel):
-    enabled: bool = Field(..., description="false pauses the query: it leaves the plan (costs "
-                          "nothing in the prefilter) and keeps its slot and answers")
+    """What to change; a field left out stays as it is."""
+
+    enabled: bool | None = Field(None, description="false pauses the query: it leaves the plan "
+                                 "(costs nothing in the prefilter) and keeps its slot and "
+                                 "answers")
+    max_age: Limit = Field(None, description="keep answers written within this long: seconds "
+                           "or 90s, 12h, 30d, 2w; \"unlimited\"; null: results.max_age",
+                           examples=["7d"])
+    max_bytes: Limit = Field(None, description="keep at most this many bytes of answers, the "
+                             "oldest removed first: bytes or 512MiB, 8GiB; \"unlimited\"; "
+                             "null: results.max_bytes", examples=["1GiB"])
+
+
+class Retention(BaseModel):
+    max_age_s: float | None = Field(description="answers are kept this long (null: forever)")
+    max_bytes: int | None = Field(description="at most this many bytes (null: no limit)")
+    bytes: int = Field(description="bytes of answers the query holds now")
 
 
 class QueryPublic(BaseModel):
@@ -40,6 +60,7 @@ class QueryPublic(BaseModel):
     columns: list[str]
     signature: list[int] = []
     residual: list[int] = []
+    retention: Retention | None = None
 
 
 class ResultsPublic(BaseModel):
@@ -63,10 +84,29 @@ def _public(c, q, slot) -> QueryPublic:
             qp = c.plan.by_name(q.name)
         except KeyError:
             qp = None
+    limits = c.retention_limits().get(q.name)
     return QueryPublic(name=q.name, slot=slot, enabled=c.enabled(q.name), stream=q.stream,
                        period_s=q.period, sql=q.text,
                        columns=[o.name for o in q.outputs],
-                       signature=qp.signature if qp else [], residual=qp.residual if qp else [])
+                       signature=qp.signature if qp else [], residual=qp.residual if qp else [],
+                       retention=Retention(max_age_s=limits.max_age_s, max_bytes=limits.max_bytes,
+                                           bytes=held_bytes(c.settings.results_dir, q.name))
+                       if limits is not None else None)
+
+
+def _limit(value: Limit, parse) -> float | None:
+    """A PATCH limit as the registry keeps it: a number, UNLIMITED, or None (the default)."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() in ("unlimited", "none"):
+        return UNLIMITED
+    try:
+        n = parse(value)
+    except ValueError as e:
+        raise HTTPException(422, str(e)) from e
+    if n <= 0:
+        raise HTTPException(422, f"a retention limit must be positive: {value!r}")
+    return n
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=QueryPublic,
@@ -109,8 +149,20 @@ def get_query(name: str, c: CollectorDep) -> QueryPublic:
 
 @router.patch("/{name}", response_model=QueryPublic, responses=NOT_FOUND)
 def patch_query(name: str, body: QueryPatch, c: CollectorDep) -> QueryPublic:
-    """Pause (``{"enabled": false}``) or resume a query; a new plan version either way."""
-    if not c.set_enabled(name, body.enabled):
+    """Pause (``{"enabled": false}``) or resume a query (a new plan version either way), or
+    set how long its answers are kept (``{"max_age": "7d", "max_bytes": "1GiB"}``; null goes
+    back to the configured ``results`` limits, ``"unlimited"`` keeps everything)."""
+    if c.query(name) is None:
+        raise HTTPException(404, "query not found")
+    given = body.model_fields_set
+    limits = {}
+    if "max_age" in given:
+        limits["max_age_s"] = _limit(body.max_age, parse_duration)
+    if "max_bytes" in given:
+        limits["max_bytes"] = _limit(body.max_bytes, parse_size)
+    if limits and not c.set_retention(name, **limits):
+        raise HTTPException(404, "query not found")
+    if body.enabled is not None and not c.set_enabled(name, body.enabled):
         raise HTTPException(404, "query not found")
     return _public(c, *c.query(name))
 
@@ -139,6 +191,9 @@ def query_results(
                                             "previous page")] = None,
         order: Literal["newest", "oldest"] = "newest",
         format: Literal["json", "csv", "parquet"] = "json",  # noqa: A002 - the query parameter
+        time: Annotated[Literal["iso", "epoch", "bucket"], Query(
+            description="window_start and window_end as ISO 8601 UTC, epoch seconds, or left "
+                        "out (bucket: the query's own time/N column only)")] = "iso",
 ) -> Response | ResultsPublic:
     """The query's answers for its closed windows: by window start range, paged (newest window
     first by default; ``next_cursor`` continues), as JSON, CSV or a Parquet download. CSV and
@@ -161,14 +216,14 @@ def query_results(
     if complete is not None:
         headers["X-Complete-Before"] = f"{complete:.3f}"
     if format == "parquet":  # the answer table as Spark wrote it, no row conversion
-        return Response(parquet_bytes(table), media_type=PARQUET, headers={
+        return Response(parquet_bytes(with_times(table, time)), media_type=PARQUET, headers={
             **headers, "Content-Disposition": f'attachment; filename="{name}.parquet"'})
-    names = printed_columns(q)
+    names = printed_columns(q, time)
     if format == "csv":
-        return Response(csv_header(names) + csv_rows(table, names), media_type="text/csv",
-                        headers=headers)
+        return Response(csv_header(names) + csv_rows(table, names, time=time),
+                        media_type="text/csv", headers=headers)
     # JSON written from the columns (no object per row): ResultsPublic's shape
-    rows = json_lines(table, names, end=",")[:-1]
+    rows = json_lines(table, names, end=",", time=time)[:-1]
     body = (f'{{"name":{json.dumps(name)},"columns":{json.dumps(names)},"rows":['.encode()
             + rows + f'],"next_cursor":{json.dumps(nxt)},'
             f'"complete_before":{json.dumps(complete)}}}'.encode())

@@ -17,8 +17,9 @@ from collector.daemon.cluster import (
     publish_queries,
     statuses,
 )
-from collector.daemon.registry import planned
+from collector.daemon.registry import UNLIMITED, planned
 from collector.daemon.results import clear_results, read_results
+from collector.daemon.retention import Limits, enforce, expire_quarantined
 from collector.pipeline import prefix_tables, user_predicates
 from planner.ir import Query
 from planner.plan import Plan, build_plan
@@ -119,6 +120,40 @@ class QueryService:
 
     def enabled(self, name: str) -> bool:
         return name not in self.registry.disabled()
+
+    def retention_limits(self) -> dict[str, Limits]:
+        """Every registered query's retention: its own limits over the configured ones."""
+        if self.settings.role == "capture":  # a probe holds no answers
+            return {}
+        own = self.registry.retention()
+        r = self.settings.results
+        out = {}
+        for q, _ in self.queries():
+            age, size = own.get(q.name, (None, None))
+            out[q.name] = Limits(
+                r.max_age if age is None else (None if age == UNLIMITED else age),
+                r.max_bytes if size is None else (None if size == UNLIMITED else int(size)))
+        return out
+
+    def set_retention(self, name: str, **limits: float | None) -> bool:
+        """Set a query's own retention limits (``max_age_s``, ``max_bytes``: a number,
+        UNLIMITED, or None for the configured default); enforced at the next check."""
+        if not self.registry.set_retention(name, **limits):
+            return False
+        self._retention_due = 0.0
+        return True
+
+    def enforce_retention(self) -> None:
+        """Every query's answers within its limits; the bytes each holds in the metrics;
+        quarantined spool files aged out."""
+        for name, limits in self.retention_limits().items():
+            held = enforce(self.settings.results_dir, name, limits)
+            self.metrics.results_bytes.labels(name).set(held.bytes)
+            if held.removed_age:
+                self.metrics.results_removed.labels(name, "age").inc(held.removed_age)
+            if held.removed_bytes:
+                self.metrics.results_removed.labels(name, "bytes").inc(held.removed_bytes)
+        expire_quarantined(self.settings.spool_dir, self.settings.spool.quarantine_max_age)
 
     def register(self, name: str | None, text: str) -> Query:
         parsed = parse_single(text, name)

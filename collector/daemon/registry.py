@@ -23,7 +23,9 @@ CREATE TABLE IF NOT EXISTS freed_slots (slot INTEGER PRIMARY KEY, freed_at REAL 
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS part_slots (query TEXT NOT NULL, part TEXT PRIMARY KEY,
     slot INTEGER NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS retention (name TEXT PRIMARY KEY, max_age_s REAL, max_bytes INTEGER);
 """
+UNLIMITED = -1  # a query's retention limit: none (NULL: the configured default)
 
 
 def planned(entries: list[tuple[Query, int]], part_slots: dict[str, int]
@@ -128,6 +130,7 @@ class Registry:
                 "SELECT slot FROM part_slots WHERE query = ?", (name,)))]
             self._db.execute("DELETE FROM queries WHERE name = ?", (name,))
             self._db.execute("DELETE FROM part_slots WHERE query = ?", (name,))
+            self._db.execute("DELETE FROM retention WHERE name = ?", (name,))
             for slot in slots:
                 self._db.execute("INSERT OR REPLACE INTO freed_slots (slot, freed_at, "
                                  "plan_version) VALUES (?, ?, NULL)", (slot, time.time()))
@@ -141,6 +144,28 @@ class Registry:
                                    (int(enabled), name))
             self._db.commit()
             return cur.rowcount == 1
+
+    def set_retention(self, name: str, **limits: float | None) -> bool:
+        """A query's own retention limits (``max_age_s``, ``max_bytes``): a number, UNLIMITED,
+        or None for the configured default; the ones not given stay. False: unknown query."""
+        with self._lock:
+            if self._db.execute("SELECT 1 FROM queries WHERE name = ?", (name,)).fetchone() \
+                    is None:
+                return False
+            self._db.execute("INSERT OR IGNORE INTO retention (name) VALUES (?)", (name,))
+            for column, value in limits.items():
+                assert column in ("max_age_s", "max_bytes"), column
+                self._db.execute(f"UPDATE retention SET {column} = ? WHERE name = ?",
+                                 (value, name))
+            self._db.commit()
+            return True
+
+    def retention(self) -> dict[str, tuple[float | None, int | None]]:
+        """Queries' own retention limits: name -> (max_age_s, max_bytes), each a number,
+        UNLIMITED or None (the configured default)."""
+        with self._lock:
+            return {r[0]: (r[1], r[2]) for r in self._db.execute(
+                "SELECT name, max_age_s, max_bytes FROM retention")}
 
     def disabled(self) -> set[str]:
         """Names of the paused queries."""

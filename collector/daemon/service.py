@@ -69,6 +69,8 @@ class Collector(QueryService, Supervision):
         self.plan_overrides: dict = {}  # POST /prefilter/rebuild's options
         self.sources: list = []
         self.flow_counters = FlowCounters(self.metrics)
+        self._retention_due = 0.0  # when retention runs next (time.monotonic)
+        self._jvm_metrics = False  # the JVM's collector registered (once: it reads any JVM)
         self.started = False
 
     def start(self, with_sources: bool = True, with_spark: bool = True) -> None:

@@ -79,6 +79,12 @@ class Supervision:
                     self.metrics.spool_quarantined.set(self.spool.quarantined())
                 except Exception:  # the JVM itself is gone: /healthz says so
                     log.exception("supervising the Spark job failed")
+            if self.settings.role != "capture" and time.monotonic() >= self._retention_due:
+                self._retention_due = time.monotonic() + self.settings.results.check_s
+                try:
+                    self.enforce_retention()
+                except Exception:  # noqa: BLE001 - the results folder: retried next time
+                    log.exception("enforcing the results' retention failed")
             try:
                 if self.settings.role == "capture" and self.registry.refresh():
                     self.rebuild()  # the control plane published another plan version
@@ -124,6 +130,9 @@ class Supervision:
 
     def _run_source(self, src, engine: Engine) -> None:
         self.source_state[src.name] = "running"
+        delivered = [time.time()]  # when it last delivered a tuple (its start before)
+        self.metrics.source_idle.labels(src.name).set_function(
+            lambda: time.time() - delivered[0])
         align = self.alignment if self.alignment is not None and \
             isinstance(src, PcapFileSource) and not src.restamp else None
         try:
@@ -136,15 +145,18 @@ class Supervision:
                         self._waited_at[src.name] = time.time()
                         if align is not None:
                             align.idle(src.name)
-                    elif len(raw) and align is not None:  # in step with the other files
-                        left = len(raw)
-                        for piece in align.pieces(src.name, raw, self._stop,
-                                                  self.metrics.align_wait.labels(src.name).inc):
-                            left -= len(piece)
-                            engine.process(piece, src.name,
-                                           src.position(left) if durable else None)
                     elif len(raw):
-                        engine.process(raw, src.name, position, tuples)
+                        delivered[0] = time.time()
+                        if align is not None:  # in step with the other files
+                            left = len(raw)
+                            for piece in align.pieces(src.name, raw, self._stop,
+                                                      self.metrics.align_wait.labels(
+                                                          src.name).inc):
+                                left -= len(piece)
+                                engine.process(piece, src.name,
+                                               src.position(left) if durable else None)
+                        else:
+                            engine.process(raw, src.name, position, tuples)
                     if hasattr(src, "decoder"):
                         self.flow_counters.update(src)
             if self._stop.is_set():  # stopped, not at its end: no window closes
@@ -199,9 +211,13 @@ class Supervision:
 
     def _start_spark(self) -> None:
         """The Spark session (unless one was given) and the streaming queries of the plan."""
+        from collector.spark.jvm_metrics import JvmCollector
         from collector.spark.merge import SparkJob
         from collector.spark.session import build_session, class_archive_path
         s = self.settings
+        if not self._jvm_metrics:
+            self.metrics.registry.register(JvmCollector())
+            self._jvm_metrics = True
         self.spark = self._spark or build_session(
             s.spark.master, s.spark.driver_memory, s.spark.shuffle_partitions,
             s.spark.state_store == "rocksdb", s.spark.extra,

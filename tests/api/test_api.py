@@ -3,12 +3,16 @@ the whole pipeline)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client import generate_latest
 
 from api.app import create_app
 from collector.config import load_settings
 from collector.daemon.service import Collector
+from tests.processes import metric
 
 
 @pytest.fixture
@@ -129,6 +133,57 @@ def test_process_build_and_spool_fill_metrics(tmp_path):
             (folder / "1.test.parquet").write_bytes(b"x" * 5000)  # a spool file's name
             text = client.get("/metrics").text
             assert "flowsieve_spool_bytes 5000.0" in text.splitlines()
+    finally:
+        c.stop()
+
+
+def test_api_requests_counted_by_route_template_and_status(tmp_path):
+    """Requests by route template (never the path a client made up), method and status; one
+    the guard refused before routing, as ``unrouted``."""
+    c = Collector(load_settings(var_dir=tmp_path / "var", api={"token": "t" * 20}))
+    c.start(with_sources=False, with_spark=False)
+    admin = {"Authorization": "Bearer " + "t" * 20}
+    try:
+        with TestClient(create_app(c)) as client:
+            for name in ("udp_bw", "dns_req", "no_such_query"):
+                client.get(f"/queries/{name}")
+            client.delete("/queries/udp_bw")  # no token: refused
+            client.delete("/queries/udp_bw", headers=admin)
+            text = client.get("/metrics").text
+    finally:
+        c.stop()
+    count = "flowsieve_api_requests_total"
+    assert metric(text, count, 'method="GET",route="/queries/{name}",status="200"') == 2
+    assert metric(text, count, 'method="GET",route="/queries/{name}",status="404"') == 1
+    assert metric(text, count, 'method="DELETE",route="/queries/{name}",status="204"') == 1
+    assert metric(text, count, 'method="DELETE",route="unrouted",status="401"') == 1
+    assert "no_such_query" not in text
+    assert metric(text, "flowsieve_api_request_duration_seconds_count",
+                  'method="GET",route="/queries/{name}"') == 3
+
+
+def test_source_idle_seconds_fall_when_it_delivers(tmp_path):
+    """``flowsieve_source_idle_seconds``: time since a flow listener last delivered, growing
+    while no exporter sends, back near zero once one does."""
+    import socket
+
+    from collector.config import SourceConfig
+    from tests.flowtools import HEX, read_hex
+    from tests.processes import v5_now, wait_for
+    src = SourceConfig(type="netflow", name="nf", listen=["127.0.0.1:0"])
+    c = Collector(load_settings(var_dir=tmp_path / "var", sources=[src]))
+    c.start(with_sources=True, with_spark=False)
+
+    def idle() -> float:
+        return metric(generate_latest(c.metrics.registry).decode(),
+                      "flowsieve_source_idle_seconds", 'source="nf"')
+    try:
+        wait_for(lambda: c.sources[0].listener.bound, 30, "the listener")
+        quiet = wait_for(lambda: idle() if idle() > 1.5 else None, 30, "1.5 s of silence")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.sendto(v5_now(read_hex(HEX / "PACKET_V5.hex")[0], 0, time.time()),
+                     c.sources[0].listener.bound[0])
+        wait_for(lambda: idle() < quiet - 1, 30, "the idle time to fall")
     finally:
         c.stop()
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 import io
+import json
+from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from api.formats import write_answers
 from collector.config import load_settings
 from collector.daemon.service import Collector
 
@@ -119,6 +122,58 @@ def test_csv_parquet_and_bad_cursors(client):
     newest = c.get("/queries/proto/results", params={"limit": 1}).json()["next_cursor"]
     r = c.get("/queries/proto/results", params={"cursor": newest, "order": "oldest"})
     assert r.status_code == 400 and "other order" in r.text
+
+
+def test_window_times_as_iso_epoch_or_only_the_bucket(client):
+    """time=iso (default) prints windows as people read them, epoch as numbers, bucket leaves
+    them out (the query's own time/60 column: the old form), in every format."""
+    _, c = client
+    start, end = T0 + 4 * 60, T0 + 5 * 60  # the newest window (T0: a minute boundary)
+    newest = {"limit": 1}
+    row = c.get("/queries/proto/results", params=newest).json()["rows"][0]
+    assert (row["window_start"], row["window_end"]) == ("2023-11-14T22:18:00Z",
+                                                        "2023-11-14T22:19:00Z")
+    assert datetime.fromisoformat(row["window_start"]).timestamp() == start
+    r = c.get("/queries/proto/results", params={**newest, "time": "epoch"}).json()
+    assert (r["rows"][0]["window_start"], r["rows"][0]["window_end"]) == (start, end)
+    r = c.get("/queries/proto/results", params={**newest, "time": "bucket"}).json()
+    assert r["columns"] == ["t", "protocol", "n"] and list(r["rows"][0]) == r["columns"]
+    assert r["rows"][0]["t"] == start // 60
+    got = list(csv.DictReader(io.StringIO(c.get("/queries/proto/results", params={
+        **newest, "format": "csv", "time": "epoch"}).text)))
+    assert (got[0]["window_start"], got[0]["window_end"]) == (str(start), str(end))
+    t = pq.read_table(io.BytesIO(c.get("/queries/proto/results", params={
+        "format": "parquet", "time": "bucket"}).content))
+    assert t.column_names == ["t", "protocol", "n"]
+    t = pq.read_table(io.BytesIO(c.get("/queries/proto/results", params={
+        "format": "parquet", "time": "epoch"}).content))
+    assert t.schema.field("window_start").type == pa.int64()
+    assert max(t.column("window_start").to_pylist()) == start
+    assert c.get("/queries/proto/results", params={"time": "hours"}).status_code == 422
+
+
+def test_replay_output_prints_times_as_asked(client):
+    """``flowsieve replay --time``: the same modes in its table, CSV and JSON lines."""
+    col, _ = client
+    q = col.query("proto")[0]
+    root = col.settings.results_dir
+
+    def out(fmt: str, time: str) -> str:
+        buf = io.BytesIO()
+        write_answers(buf, fmt, root, [q], time)
+        return buf.getvalue().decode()
+    rows = list(csv.DictReader(io.StringIO(out("csv", "epoch"))))
+    assert len(rows) == 15
+    for r in rows:
+        assert int(r["window_start"]) == int(r["t"]) * 60
+        assert int(r["window_end"]) - int(r["window_start"]) == 60
+    assert list(csv.DictReader(io.StringIO(out("csv", "bucket"))))[0].keys() == {
+        "query", "t", "protocol", "n"}
+    first = json.loads(out("json", "iso").splitlines()[0])
+    assert datetime.fromisoformat(first["window_start"]).timestamp() == first["t"] * 60
+    table = out("table", "bucket").splitlines()
+    assert table[0] == "== proto (15 rows)" and table[1].split() == ["t", "protocol", "n"]
+    assert out("table", "iso").splitlines()[1].split()[-2:] == ["window_start", "window_end"]
 
 
 def test_pause_and_resume_keep_slot_and_answers(client, tmp_path):

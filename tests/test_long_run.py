@@ -1,6 +1,7 @@
-"""A clean stop (SIGTERM) of a daemon with Spark under traffic: it exits in its time, leaves no
-process of its own running, logs no Java stack trace, and leaves nothing in the spool that
-Spark has not merged; and a JVM that cannot finish in time is killed with its class dump."""
+"""A daemon run as for months, with Spark under traffic: its answers stay within their
+retention limits while it runs; a clean stop (SIGTERM) exits in its time, leaves no process of
+its own running, logs no Java stack trace and leaves nothing in the spool that Spark has not
+merged; a JVM that cannot finish in time is killed with its class dump."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 
 from collector.config import data_file
 from tests.helpers import ROOT
-from tests.processes import daemon_config, start_daemon, stop_daemon, wait_for
+from tests.processes import daemon_config, metric, start_daemon, stop_daemon, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -69,18 +70,52 @@ def merged_files(checkpoints: Path) -> set[str]:
     return out
 
 
-def test_sigterm_under_traffic_stops_everything_cleanly(tmp_path):
+def oldest_window(base: str, name: str) -> str | None:
+    rows = httpx.get(f"{base}/queries/{name}/results", params={"order": "oldest", "limit": 1},
+                     timeout=10).json()["rows"]
+    return rows[0]["window_start"] if rows else None
+
+
+def test_retention_while_running_then_a_clean_stop_under_traffic(tmp_path):
     cfg, port = daemon_config(tmp_path, ["{type: pcap, name: sample, loop: true, "
                                          "restamp: true}"], Q_5S)
-    cfg.write_text(cfg.read_text() + "shutdown_timeout_s: 40\n")
+    cfg.write_text(cfg.read_text() + "shutdown_timeout_s: 40\n"
+                   "results: {max_age: 12s, check_s: 1}\n")
     base = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "daemon.log"
     with open(log_path, "w") as log:
         proc = start_daemon(cfg, log)
         try:
-            # Spark has answered windows, and packets keep coming (the capture loops)
-            wait_for(lambda: httpx.get(f"{base}/queries/udp_bw/results",
-                                       timeout=10).json()["rows"], 240, "udp_bw results")
+            # Spark answers windows, and packets keep coming (the capture loops)
+            first = wait_for(lambda: oldest_window(base, "udp_bw"), 240, "udp_bw results")
+            # by bytes: dns_req keeps at most 4 kB (a part of a window or two is 1-3 kB)
+            r = httpx.patch(f"{base}/queries/dns_req", json={"max_bytes": 4096,
+                                                             "max_age": "unlimited"})
+            assert r.status_code == 200 and r.json()["retention"]["max_bytes"] == 4096
+
+            def removed(query: str, reason: str) -> float:
+                return metric(httpx.get(f"{base}/metrics", timeout=10).text,
+                              "flowsieve_results_removed_files_total",
+                              f'query="{query}",reason="{reason}"')
+            wait_for(lambda: removed("dns_req", "bytes"), 120, "dns_req over its 4 kB")
+            held = metric(httpx.get(f"{base}/metrics", timeout=10).text,
+                          "flowsieve_results_bytes", 'query="dns_req"')
+            assert 0 < held <= 4096
+            assert removed("dns_req", "age") == 0  # its own limit: no age
+            # by age: udp_bw's first window goes once its part is 12 s old
+            wait_for(lambda: removed("udp_bw", "age"), 120, "udp_bw's parts older than 12 s")
+            wait_for(lambda: (oldest_window(base, "udp_bw") or first) > first, 60,
+                     "udp_bw's oldest window removed")
+            # the driver JVM's figures, from its management beans: its heap is the configured
+            # driver_memory (1g: -Xmx1g)
+            text = httpx.get(f"{base}/metrics", timeout=10).text
+            heap = {k: metric(text, "flowsieve_jvm_memory_bytes", f'area="heap",kind="{k}"')
+                    for k in ("used", "committed", "max")}
+            assert 0 < heap["used"] <= heap["committed"] <= heap["max"] <= 1 << 30, heap
+            assert heap["max"] > 1 << 29, heap
+            assert "flowsieve_jvm_gc_collections_total{gc=" in text
+            assert metric(text, "flowsieve_jvm_threads") > 10
+            assert 'flowsieve_source_idle_seconds{source="sample"}' in text
             tree = descendants(proc.pid)
             assert any("java" in c for c in tree.values()), tree  # the JVM is a child
             proc.send_signal(signal.SIGTERM)
