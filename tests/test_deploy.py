@@ -319,13 +319,20 @@ def exported_metrics() -> dict[str, set[str]]:
     from collector.metrics import Metrics
     suffixes = {"counter": ("_total", "_created"), "gauge": ("",),
                 "histogram": ("_bucket", "_count", "_sum", "_created"), "info": ("_info",)}
+    from collector.spark.jvm_metrics import FAMILIES
     out = {}
-    for m in vars(Metrics()).values():
+    metrics = Metrics()
+    for m in vars(metrics).values():
         if isinstance(m, MetricWrapperBase):
             info = set(m._value) if m._type == "info" else set()  # an Info's keys are labels
             for s in suffixes[m._type]:
                 out[m._name + s] = set(m._labelnames) | info | \
                     ({"le"} if s == "_bucket" else set())
+    for family in metrics.registry.collect():  # the process's and Python's own collectors
+        for sample in family.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
+    for name, kind, _, labels in FAMILIES:  # the JVM's, read only while one runs
+        out[name + ("_total" if kind == "counter" else "")] = set(labels)
     return out
 
 
@@ -374,7 +381,10 @@ def test_dashboard_promql_names_exported_metrics_and_labels():
                  "flowsieve_decode_errors_total", "flowsieve_capture_kernel_drops_total",
                  "flowsieve_spool_rows_dropped_total", "flowsieve_query_tuples_matched_total",
                  "flowsieve_query_output_lag_seconds_bucket", "flowsieve_plan_version",
-                 "flowsieve_rebuild_duration_seconds_count"):
+                 "flowsieve_rebuild_duration_seconds_count", "flowsieve_spool_bytes",
+                 "flowsieve_source_idle_seconds", "flowsieve_jvm_memory_bytes",
+                 "flowsieve_api_requests_total", "process_resident_memory_bytes",
+                 "flowsieve_results_bytes"):
         assert name in used, name
     variable = json.loads(DASHBOARD.read_text())["templating"]["list"][0]["definition"]
     metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)", variable).groups()
