@@ -10,12 +10,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.deps import CollectorDep
 from api.routes import exporters, prefilter, queries
-from api.security import Guard, problem
+from api.security import DOCS_STATIC, OPEN_PATHS, Guard, problem
 from collector.daemon.cluster import ProbeOnly
 from collector.daemon.service import Collector
 
@@ -31,9 +32,12 @@ def create_app(collector: Collector, manage: bool = False) -> FastAPI:
         if manage:
             collector.stop()
 
-    app = FastAPI(title="flowsieve", version="0.1.0", lifespan=lifespan,
-                  description="Register continuous queries over packets and flows, read their "
-                              "results, explain the prefilter.")
+    # Swagger UI (/docs) and ReDoc (/redoc) from assets the daemon serves itself (the
+    # fastapi-offline package ships them): the pages work on a host with no internet
+    app = FastAPIOffline(title="flowsieve", version="0.1.0", lifespan=lifespan,
+                         static_url=DOCS_STATIC,
+                         description="Register continuous queries over packets and flows, "
+                                     "read their results, explain the prefilter.")
     app.state.collector = collector
     api = collector.settings.api
     if api.cors_origins:  # none unless configured
@@ -157,11 +161,18 @@ def _openapi(app: FastAPI) -> dict:
                       routes=app.routes)
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     schemas["Problem"] = PROBLEM_SCHEMA
+    # a bearer token (api.token, api.tokens): Swagger UI's Authorize button sends it
+    doc["components"]["securitySchemes"] = {"bearer": {
+        "type": "http", "scheme": "bearer", "description": "api.token (admin: every route) "
+        "or a token of api.tokens (read: GET routes, which need one with api.protect_reads)"}}
+    doc["security"] = [{"bearer": []}]
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
     content = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
-    for path in doc.get("paths", {}).values():
+    for route, path in doc.get("paths", {}).items():
         for op in path.values():
+            if route in OPEN_PATHS:  # health checks never need a token
+                op["security"] = []
             responses = op.setdefault("responses", {})
             for code, text in COMMON_ERRORS.items():
                 responses.setdefault(code, {"description": text})

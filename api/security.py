@@ -2,8 +2,9 @@
 
 - Every mutating request (POST, PUT, PATCH, DELETE) needs an ``admin`` bearer token once any
   token is configured; with ``api.protect_reads`` GET requests need a ``read`` or ``admin`` one
-  (``/healthz`` and ``/readyz`` stay open for orchestrators). Tokens are compared in constant
-  time (``hmac.compare_digest``, every configured token tried) and never logged.
+  (``/healthz`` and ``/readyz`` stay open for orchestrators, and the API's documents, which
+  hold no data, for browsers: ``/docs``, ``/redoc``, ``/openapi.json``). Tokens are compared
+  in constant time (``hmac.compare_digest``, every configured token tried) and never logged.
 - Without a token the API must listen on a loopback address (``flowsieve run`` refuses
   otherwise). A browser on that host could still send a cross-origin request: a mutating
   request whose ``Origin`` is neither the API's own (its docs page) nor in
@@ -25,6 +26,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from collector.config import ApiConfig
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# the API's documents (no data in them): Swagger UI, ReDoc, the schema and their assets, open
+# so that a browser can load them and then send a token from the Authorize button
+DOCS_STATIC = "/docs/static"
+DOC_PATHS = frozenset({"/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -86,8 +91,10 @@ class Guard:
             if length is not None and (not length.isdigit() or int(length) > self.max_body):
                 return problem(413, f"request body over api.max_body_bytes "
                                     f"({self.max_body} bytes)")
+        path = scope["path"]
         need = "admin" if mutating else (
-            "read" if self.protect_reads and scope["path"] not in OPEN_PATHS else None)
+            "read" if self.protect_reads and path not in OPEN_PATHS and path not in DOC_PATHS
+            and not path.startswith(DOCS_STATIC + "/") else None)
         if need is None or not self.tokens:
             return None
         have = scope_of(self.tokens, headers.get("authorization"))

@@ -55,10 +55,30 @@ def parse_duration(v: float | int | str) -> float:
 
 
 class ApiToken(BaseModel):
-    """A bearer token and what it may do: ``read`` (GET routes) or ``admin`` (everything)."""
+    """A bearer token and what it may do: ``read`` (GET routes) or ``admin`` (everything);
+    the token itself, or a file holding it (a Docker or systemd secret: never in the
+    environment or the configuration)."""
 
-    token: SecretStr = Field(..., min_length=16)
+    token: SecretStr | None = Field(None, min_length=16)
+    token_file: Path | None = Field(None, description="a file holding the token (its first "
+                                    "line), read at start")
     scope: Literal["read", "admin"] = "read"
+
+    @model_validator(mode="after")
+    def _one_token(self) -> ApiToken:
+        if (self.token is None) == (self.token_file is None):
+            raise ValueError("a token needs exactly one of token and token_file")
+        if self.token_file is not None:
+            try:
+                lines = self.token_file.read_text().splitlines()
+            except OSError as e:
+                raise ValueError(f"token_file {self.token_file}: {e.strerror}") from e
+            text = lines[0].strip() if lines else ""
+            if len(text) < 16:
+                raise ValueError(f"token_file {self.token_file}: the token needs 16 or more "
+                                 "characters")
+            self.token = SecretStr(text)
+        return self
 
 
 class ApiConfig(BaseModel):

@@ -4,6 +4,9 @@ refusing to expose an API without a token. Real HTTP requests through FastAPI's 
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -64,6 +67,71 @@ def test_protected_reads(tmp_path):
     c.stop()
     with pytest.raises(ValueError, match="protect_reads needs"):
         load_settings(var_dir=tmp_path / "v2", api={"protect_reads": True})
+
+
+def test_docs_work_offline_and_know_the_token(tmp_path):
+    """Swagger UI and ReDoc load every script and style sheet from the daemon itself (none
+    from a CDN), even with reads protected; the schema declares the bearer scheme, so Swagger
+    UI offers its Authorize button, and says the health checks need none."""
+
+    c, client = client_with(tmp_path, token=ADMIN, protect_reads=True,
+                            tokens=[{"token": READER, "scope": "read"}])
+    with client:
+        for page in ("/docs", "/redoc"):
+            r = client.get(page)
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+            assets = re.findall(r'(?:src|href)=["\']([^"\']+)["\']', r.text)
+            urls = re.findall(r"https?://[^\s\"']+", r.text)
+            assert assets and not urls, (page, assets, urls)  # nothing from another host
+            for asset in assets:
+                got = client.get(asset)
+                assert got.status_code == 200 and len(got.content) > 1000, asset
+        assert "swagger-ui-bundle.js" in client.get("/docs").text
+        doc = client.get("/openapi.json").json()
+        assert doc["components"]["securitySchemes"]["bearer"] == {
+            "type": "http", "scheme": "bearer",
+            "description": doc["components"]["securitySchemes"]["bearer"]["description"]}
+        assert doc["security"] == [{"bearer": []}]
+        assert doc["paths"]["/healthz"]["get"]["security"] == []
+        assert "security" not in doc["paths"]["/queries"]["get"]  # the document's: bearer
+        assert client.get("/queries").status_code == 401  # the data stays protected
+    c.stop()
+
+
+def test_compose_prometheus_scrapes_with_the_read_token(tmp_path):
+    """The compose file gives Prometheus and the daemon one secret, the daemon's read token,
+    and the scrape configuration sends it: /metrics answers that request with reads
+    protected. A token file that is missing or short is refused at start."""
+    import yaml
+
+    from tests.helpers import ROOT
+    deploy = ROOT / "deploy"
+    compose = yaml.safe_load((deploy / "docker-compose.yml").read_text())
+    scrape = yaml.safe_load((deploy / "prometheus.yml").read_text())["scrape_configs"][0]
+    assert scrape["metrics_path"] == "/metrics"
+    auth_cfg = scrape["authorization"]
+    assert auth_cfg["type"] == "Bearer"
+    secret = auth_cfg["credentials_file"].removeprefix("/run/secrets/")
+    assert secret in compose["services"]["prometheus"]["secrets"]
+    assert secret in compose["services"]["flowsieve"]["secrets"]
+    assert (compose["secrets"][secret]["file"]) == "./read-token"
+    tokens = json.loads(compose["services"]["flowsieve"]["environment"]["FLOWSIEVE_API__TOKENS"])
+    assert tokens == [{"token_file": auth_cfg["credentials_file"], "scope": "read"}]
+    # the secret as both containers see it: the daemon reads it, Prometheus sends it
+    token = "prometheus-read-token-0123456789"
+    (tmp_path / "read-token").write_text(token + "\n")
+    tokens[0]["token_file"] = str(tmp_path / "read-token")
+    c, client = client_with(tmp_path, token=ADMIN, protect_reads=True, tokens=tokens)
+    with client:
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/metrics", headers=auth(token)).status_code == 200
+    c.stop()
+    (tmp_path / "short").write_text("abc\n")
+    for bad, why in ((tmp_path / "none", "No such file"), (tmp_path / "short", "16 or more")):
+        with pytest.raises(ValueError, match=why):
+            load_settings(var_dir=tmp_path / "v", api={"tokens": [{"token_file": str(bad)}]})
+    with pytest.raises(ValueError, match="exactly one"):
+        load_settings(var_dir=tmp_path / "v", api={"tokens": [{"scope": "read"}]})
 
 
 def test_cross_origin_mutations_are_refused(tmp_path):
