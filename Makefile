@@ -5,17 +5,28 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+RUNTIME := $(VENV)/.installed-runtime
 CONFIG ?= config.example.yaml
 
-.PHONY: run test test-fast bench lint java clean
+.PHONY: run test test-fast bench lint java tools clean
 
-$(STAMP): pyproject.toml
+# `make run`: the daemon's dependencies only (and scapy's, for live capture)
+$(RUNTIME): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 	  { echo "flowsieve needs Python >= 3.11 ($(PYTHON) is older)"; exit 1; }
-	$(PYTHON) -m venv $(VENV)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[live]'
+	@touch $(RUNTIME)
+
+# tests, benchmarks and linting: the development extras besides
+$(STAMP): $(RUNTIME) pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
+
+# the external tools of the tests (.ci/tools.txt): one line each that is missing
+tools:
+	@.ci/check-tools
 
 java:
 	@command -v java >/dev/null 2>&1 || { \
@@ -27,11 +38,11 @@ java:
 	    echo "Java $$v found; Apache Spark needs Java 17 or newer"; \
 	    echo "  Debian/Ubuntu: sudo apt-get install -y openjdk-17-jre-headless"; exit 1; fi
 
-run: $(STAMP) java
+run: $(RUNTIME) java
 	$(BIN)/flowsieve run --config $(CONFIG)
 
 # The whole suite, slow (Spark, daemon) tests included; exit code 5 (no tests) is a failure.
-test: $(STAMP) java
+test: $(STAMP) java tools
 	$(BIN)/python -m pytest -q --durations=12
 
 # Everything that starts no JVM and no daemon (tests/lanes.py), in under two minutes.

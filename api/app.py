@@ -103,7 +103,7 @@ def create_app(collector: Collector, manage: bool = False) -> FastAPI:
             return problem(503, "; ".join(reasons))
         return JSONResponse({"status": "ready", "sources": dict(c.source_state)})
 
-    app.openapi = lambda: _openapi(app)
+    app.openapi = lambda: _openapi(app, api)
     return app
 
 
@@ -152,9 +152,10 @@ COMMON_ERRORS = {"401": "no or an unknown bearer token",
                  "422": "the request is not valid"}
 
 
-def _openapi(app: FastAPI) -> dict:
+def _openapi(app: FastAPI, api) -> dict:
     """FastAPI's schema, with every error documented as it is sent: problem details in
-    ``application/problem+json`` (FastAPI documents its own 422 body in JSON)."""
+    ``application/problem+json`` (FastAPI documents its own 422 body in JSON), and each
+    operation's need of a token as this daemon is configured (``api``)."""
     if app.openapi_schema:
         return app.openapi_schema
     doc = get_openapi(title=app.title, version=app.version, description=app.description,
@@ -165,14 +166,21 @@ def _openapi(app: FastAPI) -> dict:
     doc["components"]["securitySchemes"] = {"bearer": {
         "type": "http", "scheme": "bearer", "description": "api.token (admin: every route) "
         "or a token of api.tokens (read: GET routes, which need one with api.protect_reads)"}}
-    doc["security"] = [{"bearer": []}]
+    required, optional = [{"bearer": []}], [{}, {"bearer": []}]
+    tokens = bool(api.scopes())
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
     content = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
     for route, path in doc.get("paths", {}).items():
-        for op in path.values():
+        for method, op in path.items():
             if route in OPEN_PATHS:  # health checks never need a token
                 op["security"] = []
+            elif not tokens:  # no token configured: loopback only, nothing needs one
+                op["security"] = optional
+            elif method.upper() in ("GET", "HEAD"):
+                op["security"] = required if api.protect_reads else optional
+            else:
+                op["security"] = required
             responses = op.setdefault("responses", {})
             for code, text in COMMON_ERRORS.items():
                 responses.setdefault(code, {"description": text})

@@ -659,6 +659,8 @@ def forget_jvm_logs(folder: Path, now: float | None = None) -> int:
 
 
 def cmd_run(args) -> int:
+    from collector.daemon.process import raise_capture_capabilities
+    raised = raise_capture_capabilities()  # before any thread starts: they inherit it
     settings = _settings(args.config)
     check_exposure(settings.api)
     sock = api_socket(settings.api.host, settings.api.port)
@@ -677,6 +679,9 @@ def cmd_run(args) -> int:
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per Spark callback
+    if raised:
+        logging.getLogger("flowsieve").info("capture capabilities in effect: %s",
+                                            ", ".join(raised))
     collector = Collector(settings)
     app = create_app(collector, manage=True)
     # SIGTERM: open requests get 5 s, then the collector stops (shutdown_timeout_s)

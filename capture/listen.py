@@ -10,6 +10,7 @@ large (``SO_RCVBUFFORCE`` when permitted, else ``SO_RCVBUF`` up to ``net.core.rm
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import select
 import socket
@@ -23,6 +24,8 @@ import numpy as np
 
 from capture.fields import ip_bytes
 from capture.netflow import Datagrams
+
+log = logging.getLogger("flowsieve.capture")
 
 SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
@@ -85,8 +88,9 @@ class FlowListener:
                     s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                 try:
                     s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, self.rcvbuf)
-                except OSError:  # not root: capped by net.core.rmem_max
+                except OSError:  # without CAP_NET_ADMIN: capped by net.core.rmem_max
                     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
+                    self._clamped(s, host, port)
                 s.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
                 s.bind((host, port))
                 s.setblocking(False)
@@ -96,6 +100,17 @@ class FlowListener:
                 raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror}") from e
             self.socks.append(s)
             self.bound.append(s.getsockname()[:2])
+
+    def _clamped(self, s: socket.socket, host: str, port: int) -> None:
+        """Say so when the kernel gave a smaller receive buffer than asked for (Linux reports
+        twice what it granted): a burst of exports overflows it sooner, counted as
+        ``socket_overflow``."""
+        got = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2
+        if got < self.rcvbuf:
+            log.warning("listening on %s:%d: the receive buffer is %d bytes, not the %d asked "
+                        "for (net.core.rmem_max caps it without CAP_NET_ADMIN): raise "
+                        "net.core.rmem_max or grant CAP_NET_ADMIN (README, \"Live capture "
+                        "without root\")", host, port, got, self.rcvbuf)
 
     def close(self) -> None:
         for s in self.socks:

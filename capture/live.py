@@ -154,7 +154,12 @@ class LiveCapture:
         # protocol 0: the socket receives nothing until bind() names the interface and
         # ETH_P_ALL, as libpcap does; opened with ETH_P_ALL it would queue (and count in
         # PACKET_STATISTICS) frames of every interface until then
-        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+        try:
+            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+        except PermissionError as e:
+            raise PermissionError(e.errno, f"capturing on {self.iface} needs CAP_NET_RAW: run "
+                                  "as root, or start flowsieve with an interpreter that holds "
+                                  "it (README, \"Live capture without root\")") from e
         try:
             sock.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V3)
             # tpacket_req3: block_size, block_nr, frame_size, frame_nr, retire_blk_tov,

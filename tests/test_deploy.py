@@ -6,11 +6,13 @@ labels) the daemon exports."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -48,10 +50,81 @@ def test_image_runs_unprivileged_and_exposes_the_collector_ports():
     exposed = {p for line in re.findall(r"^EXPOSE (.+)$", text, re.M) for p in line.split()}
     assert "8080/tcp" in exposed
     assert {f"{p}/udp" for p in DEFAULT_FLOW_PORTS} <= exposed
-    assert re.search(r"^HEALTHCHECK .*\n?.*/healthz", text, re.M)
+    assert re.search(r"^HEALTHCHECK .*\n?.*/readyz", text, re.M)  # not /healthz: ready
     assert "NUMBA_CACHE_DIR" in text
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", "var", ".git"} <= set(ignored)
+
+
+def test_image_capture_privileges_labels_and_lock():
+    """The least privilege for capture: the daemon's own interpreter holds the capture
+    capabilities as permitted-only file capabilities (never effective on exec, so it starts
+    where they are not granted), Spark's Python workers run the plain interpreter, compose
+    puts exactly those two in the bounding set; OCI labels; and every runtime dependency is
+    pinned with hashes in the lock file the build installs from."""
+    from packaging.requirements import Requirement
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    runtime = text[text.rindex("\nFROM "):]
+    setcap = re.search(r"setcap (\S+) (\S+)", runtime)
+    assert setcap.group(1) == "cap_net_raw,cap_net_admin+p"
+    entry = json.loads(re.search(r"^ENTRYPOINT (.+)$", runtime, re.M).group(1))
+    assert setcap.group(2) == "/usr/local/bin/" + entry[0]
+    assert re.search(r"cp /usr/local/bin/python3\.11 " + re.escape(setcap.group(2)), runtime)
+    assert "PYSPARK_PYTHON=/usr/local/bin/python3.11" in runtime
+    labels = dict(re.findall(r"(org\.opencontainers\.image\.[\w.]+)=\"([^\"]*)\"", runtime))
+    assert {"title", "description", "version", "licenses"} <= {k.rsplit(".", 1)[1]
+                                                                for k in labels}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert labels["org.opencontainers.image.licenses"] == project["license"]
+    svc = compose()["services"]["flowsieve"]
+    assert sorted(svc["cap_add"]) == ["NET_ADMIN", "NET_RAW"] and svc["init"] is True
+    # the lock: every runtime requirement pinned to a version it allows, each with hashes
+    lock = (DEPLOY / "requirements.lock").read_text()
+    assert "--require-hashes" in text and "requirements.lock" in text
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", lock, re.M))
+    pins = {k.lower().replace("_", "-"): v for k, v in pins.items()}
+    for spec in project["dependencies"] + project["optional-dependencies"]["live"]:
+        req = Requirement(spec)
+        name = req.name.lower().replace("_", "-")
+        assert name in pins, spec
+        assert req.specifier.contains(pins[name], prereleases=True), (spec, pins[name])
+    blocks = re.split(r"\n(?=[A-Za-z0-9_.-]+==)", lock.strip())
+    assert all("--hash=sha256:" in b for b in blocks if "==" in b)
+
+
+def test_systemd_unit_has_the_images_privileges_and_stops_cleanly():
+    """The unit for hosts without containers: the same interpreter with the same file
+    capabilities and bounding set as the image, a dedicated user, the file system read-only
+    but its state, and a stop that signals the daemon alone for longer than it takes
+    (systemd-analyze finds nothing wrong but the interpreter this host has not installed)."""
+    import configparser
+
+    from collector.config import Settings
+    path = DEPLOY / "flowsieve.service"
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str
+    unit.read_string(path.read_text())
+    svc = unit["Service"]
+    exe = svc["ExecStart"].split()
+    assert exe[1:5] == ["-m", "api.cli", "run", "--config"]
+    install = [ln for ln in path.read_text().splitlines() if "setcap" in ln]
+    assert install and install[0].split()[-2:] == ["cap_net_raw,cap_net_admin+p", exe[0]]
+    assert set(svc["CapabilityBoundingSet"].split()) == {"CAP_NET_RAW", "CAP_NET_ADMIN"}
+    assert not svc.get("AmbientCapabilities") and "NoNewPrivileges" not in svc
+    assert svc["User"] == "flowsieve" and svc["ProtectSystem"] == "strict"
+    assert "/var/lib/flowsieve" in svc["ReadWritePaths"].split()
+    env = [ln.split("=", 1)[1] for ln in path.read_text().splitlines()
+           if ln.startswith("Environment=")]  # repeated keys: configparser keeps the last
+    assert "PYSPARK_PYTHON=/opt/flowsieve/bin/python3.11" in env
+    assert svc["KillMode"] == "mixed"
+    assert float(svc["TimeoutStopSec"]) > Settings.model_fields["shutdown_timeout_s"].default
+    analyze = shutil.which("systemd-analyze")
+    need(analyze is not None, "systemd-analyze is not installed (apt-get install -y systemd)")
+    r = subprocess.run([analyze, "verify", str(path)], capture_output=True, text=True,
+                       timeout=60)
+    problems = [ln for ln in (r.stdout + r.stderr).splitlines()
+                if ln.strip() and f"{exe[0]} is not executable" not in ln]
+    assert not problems, problems
 
 
 def test_container_config_needs_the_token_compose_passes(monkeypatch):
@@ -243,7 +316,8 @@ def test_compose_names_only_what_the_image_has(monkeypatch, tmp_path):
             assert vol.split(":")[1] in image["folders"], (name, vol)
     # the collector: the image's command and configuration, the ports it listens on
     assert "entrypoint" not in own["flowsieve"] and "command" not in own["flowsieve"]
-    assert image["entrypoint"] == ["flowsieve"] and image["cmd"][:2] == ["run", "--config"]
+    assert image["entrypoint"] == ["flowsieve-python", "-m", "api.cli"]
+    assert image["cmd"][:2] == ["run", "--config"]
     assert image["copied"][image["cmd"][2]] == "deploy/config.docker.yaml"
     env = {k: str(v) for k, v in own["flowsieve"]["environment"].items()}
     env["FLOWSIEVE_API__TOKEN"] = "a-token-of-the-operator-0123"

@@ -34,3 +34,61 @@ def no_huge_pages() -> None:
         np._core.multiarray._set_madvise_hugepage(False)
     except AttributeError:  # numpy < 2
         np.core.multiarray._set_madvise_hugepage(False)
+
+
+CAP_NET_ADMIN, CAP_NET_RAW = 12, 13  # linux/capability.h
+CAPTURE_CAPS = {"CAP_NET_RAW": CAP_NET_RAW, "CAP_NET_ADMIN": CAP_NET_ADMIN}
+_CAP_VERSION_3 = 0x20080522
+
+
+def _capabilities():
+    """capget/capset through libc: (header, data, libc) of this thread's sets."""
+    import ctypes
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, data = Header(_CAP_VERSION_3, 0), (Data * 2)()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget")
+    return header, data, libc
+
+
+def raise_capture_capabilities() -> list[str]:
+    """Make the capture capabilities this process holds in its permitted set effective: the
+    least privilege for a daemon that is not root. The image's and the systemd unit's
+    interpreter carries CAP_NET_RAW (AF_PACKET sockets) and CAP_NET_ADMIN (receive buffers
+    beyond net.core.rmem_max) as permitted-only file capabilities, so it starts even where
+    they are not granted, and nothing it runs inherits them: the JVM and Spark's Python
+    workers (a plain interpreter) start with none. Called once, before any thread starts
+    (threads inherit the caller's effective set). The names made effective."""
+    import ctypes
+    import sys
+    if not sys.platform.startswith("linux"):
+        return []
+    try:
+        header, data, libc = _capabilities()
+    except (OSError, AttributeError):
+        return []
+    raised = [name for name, bit in CAPTURE_CAPS.items()
+              if data[0].permitted >> bit & 1 and not data[0].effective >> bit & 1]
+    if not raised:
+        return []
+    for name in raised:
+        data[0].effective |= 1 << CAPTURE_CAPS[name]
+    if libc.capset(ctypes.byref(header), data) != 0:
+        return []
+    return raised
+
+
+def effective_capabilities() -> set[str]:
+    """The capture capabilities in effect for this thread."""
+    try:
+        _, data, _ = _capabilities()
+    except (OSError, AttributeError):
+        return set()
+    return {name for name, bit in CAPTURE_CAPS.items() if data[0].effective >> bit & 1}

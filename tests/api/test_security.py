@@ -91,10 +91,17 @@ def test_docs_work_offline_and_know_the_token(tmp_path):
         assert doc["components"]["securitySchemes"]["bearer"] == {
             "type": "http", "scheme": "bearer",
             "description": doc["components"]["securitySchemes"]["bearer"]["description"]}
-        assert doc["security"] == [{"bearer": []}]
         assert doc["paths"]["/healthz"]["get"]["security"] == []
-        assert "security" not in doc["paths"]["/queries"]["get"]  # the document's: bearer
+        assert doc["paths"]["/queries"]["get"]["security"] == [{"bearer": []}]  # protected
+        assert doc["paths"]["/queries"]["post"]["security"] == [{"bearer": []}]
         assert client.get("/queries").status_code == 401  # the data stays protected
+    c.stop()
+    # reads open: the document says a token is optional there, needed for mutations
+    c, client = client_with(tmp_path / "open", token=ADMIN)
+    with client:
+        doc = client.get("/openapi.json").json()
+        assert doc["paths"]["/queries"]["get"]["security"] == [{}, {"bearer": []}]
+        assert doc["paths"]["/queries"]["post"]["security"] == [{"bearer": []}]
     c.stop()
 
 

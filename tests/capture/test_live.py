@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from collector.pipeline.prefilter import run_prefilter
 from collector.pipeline.residual import Residual
 from planner.plan import build_plan
 from planner.query import parse_queries
-from tests.helpers import capture, need, need_tool
+from tests.helpers import ROOT, capture, need, need_tool
 
 pytestmark = pytest.mark.slow
 
@@ -260,3 +261,112 @@ def test_daemon_exports_kernel_statistics(veth, tmp_path):
     position = json.loads(state.read_text())["position"]
     assert started_ns <= position["last_ns"] <= time.time_ns()
     assert col.sources[0].resume(position).startswith("nothing was captured for")
+
+
+CAPTURING_AS_NOBODY = r"""
+import json, subprocess, sys, threading, time
+from collector.daemon.process import raise_capture_capabilities, effective_capabilities
+from capture.listen import FlowListener
+from capture.live import LiveCapture, RingConfig
+iface, want = sys.argv[1], int(sys.argv[2])
+out = {"raised": raise_capture_capabilities(), "effective": sorted(effective_capabilities())}
+# what it starts (the JVM, and through it Spark's Python workers) holds nothing
+status = subprocess.run(["cat", "/proc/self/status"], capture_output=True, text=True).stdout
+out["child"] = {k: v.strip() for k, v in (ln.split(":", 1) for ln in status.splitlines()
+                                          if ln.startswith(("CapPrm", "CapEff", "CapAmb")))}
+listener = FlowListener(["127.0.0.1:0"], rcvbuf=32 << 20)
+listener.open()
+out["rcvbuf"] = listener.socks[0].getsockopt(1, 8) // 2  # SOL_SOCKET, SO_RCVBUF
+listener.close()
+try:
+    cap = LiveCapture(iface, ring=RingConfig(1 << 20, 8)).open()
+except OSError as e:
+    out["error"] = str(e)
+    print(json.dumps(out), flush=True)
+    sys.exit(0)
+print("ready", flush=True)
+stop, got = threading.Event(), 0
+deadline = time.monotonic() + 120
+for raw in cap.batches(stop, poll_s=0.05):
+    got += len(raw) if raw is not None else 0
+    if got >= want or time.monotonic() > deadline:
+        break
+cap.close()
+out["captured"] = got
+print(json.dumps(out), flush=True)
+"""
+
+
+def interpreter_copy(folder, caps: str | None) -> str:
+    """This interpreter's binary copied, with ``caps`` as file capabilities (the image's
+    dedicated interpreter) or none."""
+    import sys
+    exe = folder / ("python-caps" if caps else "python-plain")
+    shutil.copy2(os.path.realpath(sys.executable), exe)
+    os.chmod(exe, 0o755)
+    if caps:
+        subprocess.run(["setcap", caps, str(exe)], check=True)
+    return str(exe)
+
+
+def test_a_non_root_daemon_captures_with_the_images_privileges(veth, tmp_path_factory):
+    """The image's privilege set, tried as a user who is not root (setpriv): the capture
+    capabilities in the bounding set (compose's cap_add) and as permitted-only file
+    capabilities of the daemon's interpreter. It opens AF_PACKET on the veth and captures
+    every frame tcpreplay sends, raises its receive buffer beyond net.core.rmem_max, and a
+    process it starts holds no capability. The plain interpreter cannot capture (one clear
+    error) and its receive buffer is clamped, with a warning."""
+    import json
+    import sys
+    import tempfile
+
+    need_tool("setcap")
+    need_tool("setpriv")
+    folder = Path(tempfile.mkdtemp(prefix="flowsieve-caps-"))  # nobody reads it
+    os.chmod(folder, 0o755)
+    cache = folder / "numba"
+    cache.mkdir(mode=0o777)
+    os.chmod(cache, 0o777)
+    try:
+        site = [p for p in sys.path if p.endswith("site-packages")]
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join([str(ROOT), *site]),
+               "NUMBA_CACHE_DIR": str(cache), "HOME": str(folder)}
+        user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                "--inh-caps=-all", "--bounding-set=-all,+net_raw,+net_admin", "--"]
+        rmem_max = int(Path("/proc/sys/net/core/rmem_max").read_text())
+        assert rmem_max < 32 << 20  # else the buffer test proves nothing
+
+        plain = subprocess.run([*user, interpreter_copy(folder, None), "-c",
+                                CAPTURING_AS_NOBODY, veth[0], "1"], env=env, cwd=folder,
+                               capture_output=True, text=True, timeout=300)
+        assert plain.returncode == 0, plain.stderr[-3000:]
+        out = json.loads(plain.stdout.splitlines()[-1])
+        assert out["raised"] == [] and out["effective"] == []
+        assert "needs CAP_NET_RAW" in out["error"]
+        assert out["rcvbuf"] <= rmem_max
+        assert "the receive buffer is" in plain.stderr and "CAP_NET_ADMIN" in plain.stderr
+
+        name = "wikipedia.pcap"
+        want = len(frames(name))
+        proc = subprocess.Popen([*user, interpreter_copy(folder, "cap_net_raw,cap_net_admin+p"),
+                                 "-c", CAPTURING_AS_NOBODY, veth[0], str(want)], env=env,
+                                cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            line = proc.stdout.readline()
+            assert line.strip() == "ready", line + proc.stderr.read()[-3000:]
+            sent = replay(veth, name)
+            stdout, stderr = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        out = json.loads(stdout.splitlines()[-1])
+        assert sorted(out["raised"]) == ["CAP_NET_ADMIN", "CAP_NET_RAW"]
+        assert out["captured"] == sent == want
+        assert out["rcvbuf"] == 32 << 20  # SO_RCVBUFFORCE: beyond rmem_max
+        assert "the receive buffer is" not in stderr
+        assert out["child"] == {"CapPrm": "0000000000000000", "CapEff": "0000000000000000",
+                                "CapAmb": "0000000000000000"}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
