@@ -216,9 +216,14 @@ class Metrics:
     def forget_query(self, name: str) -> None:
         """Remove a deleted query's series (its name may come back as another query)."""
         for m in (self.query_matched, self.result_rows, self.query_avoided,
-                  self.query_windows, self.query_lag):
+                  self.query_windows, self.query_lag, self.results_bytes):
             try:
                 m.remove(name)
+            except KeyError:
+                pass
+        for reason in ("age", "bytes"):
+            try:
+                self.results_removed.remove(name, reason)
             except KeyError:
                 pass
 

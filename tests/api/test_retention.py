@@ -137,8 +137,13 @@ def test_a_query_sets_its_own_limits_over_rest(daemon):
 
 def test_a_deleted_query_forgets_its_limits(daemon):
     c, client = daemon
-    client.patch("/queries/a", json={"max_age": "1d"})
+    client.patch("/queries/a", json={"max_age": "1h"})
+    c.enforce_retention()
+    text = generate_latest(c.metrics.registry).decode()
+    assert metric(text, "flowsieve_results_removed_files_total", 'query="a",reason="age"') > 0
     assert client.delete("/queries/a").status_code == 204
+    text = generate_latest(c.metrics.registry).decode()  # its series go with it
+    assert 'query="a"' not in text
     assert client.post("/queries", json={"name": "a", "sql": SQL}).status_code == 201
     assert client.get("/queries/a").json()["retention"]["max_age_s"] == 6 * HOUR
 
