@@ -200,6 +200,50 @@ class ResultsConfig(BaseModel):
         return None if v is None else parse_size(v)
 
 
+class ReceiverConfig(BaseModel):
+    """Where alerts go: Prometheus Alertmanager (its v2 API) or a webhook (JSON, signed)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["alertmanager", "webhook"]
+    url: str = Field(..., pattern=r"^https?://", description="alertmanager: its base URL "
+                     "(http://am:9093); webhook: the URL posted to")
+    secret: SecretStr | None = Field(None, description="webhook: the HMAC-SHA256 key of the "
+                                     "X-Flowsieve-Signature header")
+    secret_file: Path | None = Field(None, description="webhook: a file holding the secret")
+    timeout_s: float = Field(5.0, gt=0, le=300)
+    resend_s: float = Field(60.0, gt=0, description="alertmanager: firing alerts are sent "
+                            "again this often (before its resolve_timeout ends them)")
+    max_pending: int = Field(10000, ge=1, description="notifications held for a receiver "
+                             "that is down; beyond, the oldest are dropped and counted")
+    max_backoff_s: float = Field(300.0, gt=0, description="retries back off exponentially "
+                                 "(with jitter) up to this")
+
+    @model_validator(mode="after")
+    def _secret(self) -> ReceiverConfig:
+        if self.secret_file is not None:
+            if self.secret is not None:
+                raise ValueError("a receiver takes secret or secret_file, not both")
+            try:
+                self.secret = SecretStr(self.secret_file.read_text().splitlines()[0].strip())
+            except (OSError, IndexError) as e:
+                raise ValueError(f"secret_file {self.secret_file}: cannot read it") from e
+        return self
+
+
+class AlertsConfig(BaseModel):
+    """Alert rules on queries (collector/daemon/alerts/): their receivers and pace."""
+
+    receivers: dict[str, ReceiverConfig] = Field(default_factory=dict, description="name -> "
+                                                 "receiver, named by the rules")
+    check_s: float = Field(2.0, gt=0, description="closed windows are read for alerts this "
+                           "often")
+    keep_resolved_s: float = Field(86400.0, gt=0, description="GET /alerts lists resolved "
+                                   "alerts this long")
+    public_url: str | None = Field(None, description="the API's address as receivers' users "
+                                   "reach it (an alert's generatorURL); default api.host:port")
+
+
 class PlannerConfig(BaseModel):
     cheap_cost: float = Field(10.0, gt=0, description="base predicates up to this cost are "
                               "prefilter candidates")
@@ -404,6 +448,7 @@ class Settings(BaseSettings):
     residual: ResidualConfig = Field(default_factory=ResidualConfig)
     om: OmConfig = Field(default_factory=OmConfig)
     results: ResultsConfig = Field(default_factory=ResultsConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     batch_size: int = Field(65536, ge=1, le=1 << 22)
     shutdown_timeout_s: float = Field(
         20.0, gt=0, le=600, description="a stop (SIGTERM) ends within this: sources stop and "

@@ -45,6 +45,18 @@ class Metrics:
                                      ["route", "method"], registry=r,
                                      buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
                                               5, 10, 30))
+        self.alerts_firing = Gauge("flowsieve_alerts_firing", "Alert instances firing, by "
+                                   "query", ["query"], registry=r)
+        self.alert_notifications = Counter(
+            "flowsieve_alert_notifications", "Alert notifications by receiver and outcome: "
+            "sent, failed (an attempt; retried), dropped (beyond the receiver's max_pending)",
+            ["receiver", "outcome"], registry=r)
+        self.alert_delivery = Histogram(
+            "flowsieve_alert_delivery_seconds", "From a notification's making (its window "
+            "evaluated) to its delivery", ["receiver"], registry=r,
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 1800))
+        self.alert_outbox = Gauge("flowsieve_alert_outbox", "Notifications waiting for a "
+                                  "receiver", ["receiver"], registry=r)
         self.packets_in = Counter("flowsieve_packets_in", "Packets read from sources",
                                   ["source"], registry=r)
         self.bytes_in = Counter("flowsieve_bytes_in", "Captured bytes read from sources",

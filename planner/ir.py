@@ -176,6 +176,7 @@ class Query:
     order: tuple[tuple[str, bool], ...] = ()  # (output column, descending)
     limit: int | None = None
     join: Join | None = None  # WITH … SELECT … FROM a [LEFT] JOIN b: its parts are planned
+    alert: str | None = field(default=None, compare=False)  # its ``-- alert:`` directive
     parent: Query | None = field(default=None, repr=False, compare=False)  # a part's join
 
     @property

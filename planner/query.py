@@ -25,12 +25,26 @@ from capture.fields import (
 from planner.ir import Condition, Join, Output, Predicate, Query, QueryError
 from planner.where import CMP_NODES, FLIP, NAME_RE, OPERATORS, WhereTranslator, numeric
 
-NAME_LINE_RE = re.compile(r"^\s*--\s*name:\s*(\S+)\s*$")
+DIRECTIVE_RE = re.compile(r"^\s*--\s*(name|alert):\s*(.*?)\s*$")
 
 
-def split_statements(text: str) -> list[tuple[str | None, int, str, int]]:
-    """Split a file into (name from ``-- name:``, first line, masked text, first column) per
-    statement.
+def directives(lines: list[str], first_line: int) -> dict[str, str]:
+    """The directives of the comment lines right above a statement starting at line
+    ``first_line`` (1-based): ``-- name: <name>`` and ``-- alert: <rule>`` (the nearest of
+    each kind wins)."""
+    out: dict[str, str] = {}
+    i = first_line - 2
+    while i >= 0 and lines[i].lstrip().startswith("--"):
+        m = DIRECTIVE_RE.match(lines[i])
+        if m:
+            out.setdefault(m.group(1), m.group(2))
+        i -= 1
+    return out
+
+
+def split_statements(text: str) -> list[tuple[dict[str, str], int, str, int]]:
+    """Split a file into (directives, first line, masked text, first column) per statement:
+    ``-- name:`` and ``-- alert:`` in the comment lines right above it (``directives``).
 
     The masked text keeps the statement at its original line and column (everything before it
     is blanked), so parse errors point into the file.
@@ -48,12 +62,8 @@ def split_statements(text: str) -> list[tuple[str | None, int, str, int]]:
                 first, last = current[0], current[-1]
                 body = text[first.start:last.end + 1]
                 masked = re.sub(r"[^\n]", " ", text[:first.start]) + body
-                name = None
-                if first.line >= 2:
-                    m = NAME_LINE_RE.match(lines[first.line - 2])
-                    if m:
-                        name = m.group(1)
-                out.append((name, first.line, masked, max(1, first.col - len(first.text) + 1)))
+                out.append((directives(lines, first.line), first.line, masked,
+                            max(1, first.col - len(first.text) + 1)))
             current = []
         else:
             current.append(tok)
@@ -64,15 +74,17 @@ def parse_queries(text: str) -> list[Query]:
     """Parse a file of statements; names from ``-- name:`` or q1, q2, … in order."""
     queries: list[Query] = []
     seen: set[str] = set()
-    for i, (name, line, masked, _) in enumerate(split_statements(text), start=1):
-        name = name or f"q{i}"
+    for i, (found, line, masked, _) in enumerate(split_statements(text), start=1):
+        name = found.get("name") or f"q{i}"
         if not NAME_RE.match(name):
             raise QueryError(f"invalid query name {name!r} (want [A-Za-z_][A-Za-z0-9_]{{0,63}})",
                              line - 1, 1)
         if name in seen:
             raise QueryError(f"duplicate query name {name!r}", line - 1, 1)
         seen.add(name)
-        queries.append(parse_query(masked, name=name))
+        q = parse_query(masked, name=name)
+        q.alert = found.get("alert")
+        queries.append(q)
     if not queries:
         raise QueryError("no statement found")
     return queries
@@ -88,10 +100,12 @@ def parse_single(text: str, name: str | None = None) -> Query:
         raise QueryError(f"one statement per query; a second one starts here (found "
                          f"{len(stmts)}: register each on its own)", line, col)
     found, line, masked, _ = stmts[0]
-    name = name or found or "q1"
+    name = name or found.get("name") or "q1"
     if not NAME_RE.match(name):
         raise QueryError(f"invalid query name {name!r} (want [A-Za-z_][A-Za-z0-9_]{{0,63}})")
-    return parse_query(masked, name=name)
+    q = parse_query(masked, name=name)
+    q.alert = found.get("alert")
+    return q
 
 
 def _parse_error(e: ParseError, name: str) -> QueryError:

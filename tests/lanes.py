@@ -8,12 +8,17 @@ whether or not its author said so, and a test left in the fast lane cannot start
   refuses to start, naming the rule: a JVM it starts anyway fails the test.
 - The whole suite runs the fast lane once, as the slow test ``tests/test_lanes.py``, in a
   pytest of its own with the same rule (so a run of everything proves it), and keeps the fast
-  tests out of its own session: they are not run twice.
+  tests out of its own session: they are not run twice. That pytest starts as soon as the
+  session is collected and runs beside the slow tests (which mostly wait: for a JVM, a
+  window to close); the lane test waits for its verdict.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -61,6 +66,22 @@ def pytest_collection_modifyitems(config, items):
         keep = [i for i in items if i.get_closest_marker("slow")]
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
+        config.stash[FAST_LANE] = start_fast_lane(Path(config.rootpath))
+
+
+FAST_LANE = pytest.StashKey()
+
+
+def start_fast_lane(root: Path) -> tuple[subprocess.Popen, Path]:
+    """The fast lane in a pytest of its own, without Java, its output in a file."""
+    folder = Path(tempfile.mkdtemp(prefix="flowsieve-fast-lane-"))
+    env = {**without_java(dict(os.environ), folder / "bin"), IN_LANE: "1"}
+    out = folder / "lane.log"
+    with open(out, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-m", "not slow",
+                                 "-p", "no:cacheprovider", "--durations=5"], cwd=root, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+    return proc, out
 
 
 REFUSAL = ("#!/bin/sh\necho 'a test of the fast lane started a JVM: mark it slow "

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import dpkt
@@ -127,8 +128,9 @@ class Feeder(threading.Thread):
     never later than written, so a packet stamped after a registration returned was read (and
     processed) under the plan that registration made."""
 
-    def __init__(self, path, per_tick: int = 40, tick: float = 0.2):
+    def __init__(self, path, per_tick: int = 40, tick: float = 0.2, inject=None):
         super().__init__(daemon=True)
+        self.inject = inject  # () -> frames written besides, each tick (an attack's)
         src = capture("ok.pcap")
         with open(src, "rb") as fh:
             self.frames = [buf for _, buf in dpkt.pcap.Reader(fh)]
@@ -144,14 +146,16 @@ class Feeder(threading.Thread):
         with open(self.path, "ab") as f:
             while not self.stop.is_set():
                 t0 = time.time()
-                for j in range(self.per_tick):
-                    k = i % len(self.frames)
-                    ts = t0 - self.tick + (j + 1) * self.tick / self.per_tick
+                extra = self.inject() if self.inject is not None else []
+                frames = [(self.frames[k], self.wirelens[k]) for k in
+                          (n % len(self.frames) for n in range(i, i + self.per_tick))]
+                frames += [(buf, len(buf)) for buf in extra]
+                for j, (buf, wirelen) in enumerate(frames):
+                    ts = t0 - self.tick + (j + 1) * self.tick / len(frames)
                     sec = int(ts)
-                    buf = self.frames[k]
                     f.write(struct.pack("<IIII", sec, int((ts - sec) * 1e6), len(buf),
-                                        self.wirelens[k]) + buf)
-                    i += 1
+                                        wirelen) + buf)
+                i += self.per_tick
                 f.flush()
                 self.written = i
                 self.stop.wait(self.tick)
@@ -192,3 +196,78 @@ def one_error_line(out: subprocess.CompletedProcess, *fragments: str) -> str:
     for f in fragments:
         assert f in lines[0], lines[0]
     return lines[0]
+
+
+def wait_until(cond, what: str, timeout: float = 30) -> None:
+    """``cond()`` true within ``timeout`` (polled every 20 ms): a hang fails, never a slow
+    machine's pace."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(0.02)
+
+
+class Receiver:
+    """A webhook receiver on a loopback port: fails its first ``fail`` requests with 503,
+    then keeps every notification (body, headers)."""
+
+    def __init__(self, fail: int = 0):
+        self.fail, self.got, self.calls = fail, [], 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                outer.calls += 1
+                if outer.calls <= outer.fail:
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                outer.got.append((body, dict(self.headers)))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+
+def start_alertmanager(folder: Path, webhook_url: str, group_by: list[str]
+                       ) -> tuple[str, subprocess.Popen]:
+    """A real Alertmanager on a loopback port (its own data folder, no cluster) routing every
+    alert, resolutions included, to ``webhook_url``; its base URL and process once ready."""
+    from tests.helpers import need_tool
+    exe = need_tool("prometheus-alertmanager")
+    port = free_port()
+    cfg = folder / "alertmanager.yml"
+    cfg.write_text(f"""
+route: {{receiver: test, group_by: [{", ".join(group_by)}], group_wait: 0s,
+        group_interval: 1s, repeat_interval: 1h}}
+receivers:
+  - name: test
+    webhook_configs: [{{url: "{webhook_url}", send_resolved: true}}]
+""")
+    log = open(folder / "alertmanager.log", "w")  # noqa: SIM115 - the process holds it
+    proc = subprocess.Popen([exe, f"--config.file={cfg}", f"--storage.path={folder / 'am'}",
+                             f"--web.listen-address=127.0.0.1:{port}",
+                             "--cluster.listen-address="], stdout=log, stderr=log)
+    base = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(base + "/-/ready", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+    try:
+        wait_until(ready, "Alertmanager ready")
+    except AssertionError:
+        proc.kill()
+        raise
+    return base, proc

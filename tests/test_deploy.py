@@ -127,6 +127,70 @@ def test_systemd_unit_has_the_images_privileges_and_stops_cleanly():
     assert not problems, problems
 
 
+def test_pipeline_alerting_rules(tmp_path):
+    """deploy/flowsieve-rules.yml: valid for promtool, each rule fires on the series of its
+    unit test and stays quiet on healthy ones (promtool test rules), and names only series
+    and labels the daemon exports."""
+    import promql_parser
+    import yaml
+    promtool = shutil.which("promtool")
+    need(promtool is not None, "promtool is not installed (apt-get install -y prometheus)")
+    for cmd in (["check", "rules", "flowsieve-rules.yml"],
+                ["test", "rules", "flowsieve-rules.test.yml"]):
+        r = subprocess.run([promtool, *cmd], cwd=DEPLOY, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+    exported = exported_metrics()
+    rules = yaml.safe_load((DEPLOY / "flowsieve-rules.yml").read_text())["groups"][0]["rules"]
+    tested = {t["alertname"] for t in yaml.safe_load(
+        (DEPLOY / "flowsieve-rules.test.yml").read_text())["tests"][0]["alert_rule_test"]}
+    assert {r["alert"] for r in rules} - {"FlowsieveSparkDown"} <= tested
+    for rule in rules:
+        selectors: list = []
+
+        def visit(node, selectors=selectors):
+            if type(node).__name__ == "VectorSelector":
+                selectors.append(node)
+        promql_parser.walk(promql_parser.parse(rule["expr"]), visit)
+        for sel in selectors:
+            assert sel.name in exported, (rule["alert"], sel.name)
+            for m in sel.matchers.matchers:
+                assert m.name in exported[sel.name], (rule["alert"], m.name)
+
+
+def test_prometheus_and_alertmanager_configurations(tmp_path):
+    """The compose Prometheus and Alertmanager configurations, with the files compose mounts
+    where it mounts them, pass promtool's and amtool's checks."""
+    import yaml
+    promtool, amtool = shutil.which("promtool"), shutil.which("amtool")
+    need(promtool is not None and amtool is not None,
+         "promtool and amtool are not installed (apt-get install -y prometheus "
+         "prometheus-alertmanager)")
+    services = compose()["services"]
+    mounts = {}
+    for vol in services["prometheus"]["volumes"]:
+        src, _, dst = vol.partition(":")
+        if src.startswith("./"):
+            mounts[dst.rsplit(":", 1)[0]] = DEPLOY / src
+    config = (DEPLOY / "prometheus.yml").read_text()
+    for dst, src in mounts.items():
+        target = tmp_path / Path(dst).name
+        target.write_bytes(src.read_bytes())
+        config = config.replace(dst, str(target))
+    (tmp_path / "token").write_text("a-read-token-of-prometheus-0123\n")
+    config = config.replace("/run/secrets/flowsieve_read_token", str(tmp_path / "token"))
+    (tmp_path / "prometheus.yml").write_text(config)
+    r = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "alertmanager:9093" in yaml.safe_load(config)["alerting"]["alertmanagers"][0][
+        "static_configs"][0]["targets"]
+    assert "alertmanager" in services
+    r = subprocess.run([amtool, "check-config", str(DEPLOY / "alertmanager.yml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_container_config_needs_the_token_compose_passes(monkeypatch):
     settings = load_settings(ROOT / "deploy" / "config.docker.yaml")
     assert settings.api.host == "0.0.0.0"
@@ -277,7 +341,7 @@ def test_compose_conforms_to_the_compose_specification():
 def test_compose_services_cover_the_stack():
     doc = compose()
     assert set(doc["services"]) == {"flowsieve", "spark-master", "spark-worker", "prometheus",
-                                    "grafana"}
+                                    "alertmanager", "grafana"}
     fs = doc["services"]["flowsieve"]
     assert {"NET_RAW", "NET_ADMIN"} <= set(fs["cap_add"])
     assert "# network_mode: host" in (DEPLOY / "docker-compose.yml").read_text()
@@ -462,7 +526,9 @@ def test_dashboard_promql_names_exported_metrics_and_labels():
                  "flowsieve_rebuild_duration_seconds_count", "flowsieve_spool_bytes",
                  "flowsieve_source_idle_seconds", "flowsieve_jvm_memory_bytes",
                  "flowsieve_api_requests_total", "process_resident_memory_bytes",
-                 "flowsieve_results_bytes"):
+                 "flowsieve_results_bytes", "flowsieve_alerts_firing",
+                 "flowsieve_alert_notifications_total",
+                 "flowsieve_alert_delivery_seconds_bucket"):
         assert name in used, name
     variable = json.loads(DASHBOARD.read_text())["templating"]["list"][0]["definition"]
     metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)", variable).groups()

@@ -13,6 +13,7 @@ from api.deps import CollectorDep
 from api.formats import columns as printed_columns
 from api.formats import csv_header, csv_rows, json_lines, parquet_bytes, with_times
 from collector.config import parse_duration, parse_size
+from collector.daemon.alerts.rules import AlertRule
 from collector.daemon.registry import UNLIMITED, QueryExists
 from collector.daemon.results import CursorError, page, page_windows
 from collector.daemon.retention import held_bytes
@@ -25,6 +26,8 @@ class QueryCreate(BaseModel):
     name: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$",
                              description="REST id; else from `-- name:` or q1")
     sql: str = Field(..., min_length=1, max_length=100_000)
+    alert: AlertRule | None = Field(None, description="its rows become alerts (else the SQL's "
+                                    "-- alert: directive, if any)")
 
 
 Limit = int | float | str | None
@@ -42,6 +45,8 @@ class QueryPatch(BaseModel):
     max_bytes: Limit = Field(None, description="keep at most this many bytes of answers, the "
                              "oldest removed first: bytes or 512MiB, 8GiB; \"unlimited\"; "
                              "null: results.max_bytes", examples=["1GiB"])
+    alert: AlertRule | None = Field(None, description="its alert rule; null removes it (its "
+                                    "firing alerts are resolved)")
 
 
 class Retention(BaseModel):
@@ -61,6 +66,7 @@ class QueryPublic(BaseModel):
     signature: list[int] = []
     residual: list[int] = []
     retention: Retention | None = None
+    alert: AlertRule | None = None
 
 
 class ResultsPublic(BaseModel):
@@ -91,7 +97,7 @@ def _public(c, q, slot) -> QueryPublic:
                        signature=qp.signature if qp else [], residual=qp.residual if qp else [],
                        retention=Retention(max_age_s=limits.max_age_s, max_bytes=limits.max_bytes,
                                            bytes=held_bytes(c.settings.results_dir, q.name))
-                       if limits is not None else None)
+                       if limits is not None else None, alert=c.alert_rule(q.name))
 
 
 def _limit(value: Limit, parse) -> float | None:
@@ -122,7 +128,7 @@ def create_query(body: QueryCreate, c: CollectorDep) -> QueryPublic:
         raise HTTPException(429, f"{limit} queries are registered (api.max_queries); delete "
                                  "one first")
     try:
-        q = c.register(body.name, body.sql)
+        q = c.register(body.name, body.sql, body.alert)
     except QueryError as e:
         raise HTTPException(422, {"reason": e.reason, "line": e.line, "column": e.col,
                                   "message": str(e)}) from e
@@ -162,6 +168,12 @@ def patch_query(name: str, body: QueryPatch, c: CollectorDep) -> QueryPublic:
         limits["max_bytes"] = _limit(body.max_bytes, parse_size)
     if limits and not c.set_retention(name, **limits):
         raise HTTPException(404, "query not found")
+    if "alert" in given:
+        try:
+            c.set_alert(name, body.alert)
+        except QueryError as e:
+            raise HTTPException(422, {"reason": e.reason, "line": e.line, "column": e.col,
+                                      "message": str(e)}) from e
     if body.enabled is not None and not c.set_enabled(name, body.enabled):
         raise HTTPException(404, "query not found")
     return _public(c, *c.query(name))

@@ -13,6 +13,7 @@ import logging
 
 import pyarrow as pa
 
+from collector.daemon.alerts.rules import AlertRule, parse_directive
 from collector.daemon.cluster import (
     publish_queries,
     statuses,
@@ -21,7 +22,7 @@ from collector.daemon.registry import UNLIMITED, planned
 from collector.daemon.results import clear_results, read_results
 from collector.daemon.retention import Limits, enforce, expire_quarantined
 from collector.pipeline import prefix_tables, user_predicates
-from planner.ir import Query
+from planner.ir import Query, QueryError
 from planner.plan import Plan, build_plan
 from planner.query import parse_single
 
@@ -155,20 +156,50 @@ class QueryService:
                 self.metrics.results_removed.labels(name, "bytes").inc(held.removed_bytes)
         expire_quarantined(self.settings.spool_dir, self.settings.spool.quarantine_max_age)
 
-    def register(self, name: str | None, text: str) -> Query:
+    def register(self, name: str | None, text: str, alert: AlertRule | None = None) -> Query:
+        """Register a query (and its alert rule: ``alert``, else its ``-- alert:``
+        directive), checked whole before anything is stored."""
         parsed = parse_single(text, name)
         prefix_tables.check(parsed)  # the tables and user predicates it names are configured
         user_predicates.check(parsed)
+        rule = self._rule(parsed, alert)
         q = self.registry.add(name, text)
         clear_results(self.settings.results_dir, q.name)
+        if rule is not None:
+            self.alerts.set_rule(q, rule)
         self.rebuild(change=self._changed())
         return q
+
+    def _rule(self, q: Query, alert: AlertRule | None) -> AlertRule | None:
+        if alert is None and q.alert is not None:
+            alert = parse_directive(q.alert)
+        if alert is None:
+            return None
+        if self.alerts is None:
+            raise QueryError("alerts are set on the control plane (role: all)")
+        return self.alerts.check(q, alert)
+
+    def set_alert(self, name: str, alert: AlertRule | None) -> bool:
+        """Set or remove a query's alert rule; False: no such query."""
+        found = self.query(name)
+        if found is None:
+            return False
+        if alert is not None:
+            self._rule(found[0], alert)
+        if self.alerts is not None:
+            self.alerts.set_rule(found[0], alert)
+        return True
+
+    def alert_rule(self, name: str) -> AlertRule | None:
+        return self.alerts.rule(name) if self.alerts is not None else None
 
     def delete(self, name: str) -> bool:
         found = self.query(name)
         if found is None:
             return False
         slots = self.registry.slots_of(name)  # a joined query holds one per WITH part
+        if self.alerts is not None:
+            self.alerts.forget(found[0])  # its firing alerts resolved
         if not self.registry.remove(name):
             return False
         plan = self.rebuild(change=self._changed())

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 from collector.config import Settings
+from collector.daemon.alerts.service import AlertService
+from collector.daemon.alerts.store import AlertStore
 from collector.daemon.cluster import (
     PublishedRegistry,
 )
@@ -48,6 +50,7 @@ class Collector(QueryService, Supervision):
         self.spark = None
         self.job = None
         self.registry: Registry | None = None
+        self.alerts: AlertService | None = None
         self.engines: list[Engine] = []
         self.plan: Plan | None = None
         self._slot_queries: dict[int, Query] = {}
@@ -86,9 +89,16 @@ class Collector(QueryService, Supervision):
                            probe=s.probe)
         self.metrics.spool_bytes.set_function(self.spool.size)  # walked when scraped
         self.metrics.spool_max_bytes.set(s.spool.max_bytes)
+        if not probe:
+            self.alerts = AlertService(s, AlertStore(s.registry_path), self.metrics,
+                                       lambda n: (self.query(n) or (None,))[0],
+                                       self.complete_before)
         if not probe and not self.registry.entries() and s.initial_queries:
             for q in parse_queries(Path(s.initial_queries).read_text()):
+                rule = self._rule(q, None)  # its -- alert: directive
                 self.registry.add(q.name, q.text)
+                if rule is not None:
+                    self.alerts.set_rule(q, rule)
         self.sources: list[Source] = [
             make_source(c, s.batch_size, stats_callback(self.metrics, c), s.var_dir)
             for c in s.sources]
@@ -107,6 +117,7 @@ class Collector(QueryService, Supervision):
         self._with_spark = with_spark
         if with_spark:
             self._start_spark()
+            self.alerts.start()  # reads what Spark answers
         if with_sources:
             for src, eng in zip(self.sources, self.engines, strict=True):
                 t = threading.Thread(target=self._run_source, args=(src, eng),
@@ -146,6 +157,10 @@ class Collector(QueryService, Supervision):
             if how == "killed":
                 log.warning("stopping: the Spark JVM did not exit in time and was killed")
             self.spark = None
+        if self.alerts is not None:
+            self.alerts.stop()
+            self.alerts.store.close()
+            self.alerts = None
         if self.registry is not None:
             self.registry.close()
         self.started = False

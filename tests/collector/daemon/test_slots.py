@@ -28,7 +28,10 @@ class SparkStub:
     def ensure(self, folders) -> None:
         pass
 
-    def stop(self) -> None:
+    def drain(self, deadline: float) -> bool:
+        return True
+
+    def stop(self, deadline: float | None = None) -> None:
         pass
 
 
