@@ -8,9 +8,10 @@ whether or not its author said so, and a test left in the fast lane cannot start
   refuses to start, naming the rule: a JVM it starts anyway fails the test.
 - The whole suite runs the fast lane once, as the slow test ``tests/test_lanes.py``, in a
   pytest of its own with the same rule (so a run of everything proves it), and keeps the fast
-  tests out of its own session: they are not run twice. That pytest starts as soon as the
-  session is collected and runs beside the slow tests (which mostly wait: for a JVM, a
-  window to close); the lane test waits for its verdict.
+  tests out of its own session: they are not run twice. In one process that pytest starts as
+  soon as the session is collected and runs beside the slow tests (which mostly wait: for a
+  JVM, a window to close), and the lane test waits for its verdict; on xdist's workers
+  (``make test``) the lane test runs it while the other worker goes on.
 """
 
 from __future__ import annotations
@@ -66,7 +67,17 @@ def pytest_collection_modifyitems(config, items):
         keep = [i for i in items if i.get_closest_marker("slow")]
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
-        config.stash[FAST_LANE] = start_fast_lane(Path(config.rootpath))
+        if not hasattr(config, "workerinput"):  # one process: the lane runs beside it
+            config.stash[FAST_LANE] = start_fast_lane(Path(config.rootpath))
+    # the longest files first: xdist hands the workers files in this order, and a long one
+    # given last would run on alone
+    rank = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda i: rank.get(i.nodeid.split("::")[0], len(rank)))
+
+
+# the slow files that take longest (a full run's --durations), longest first
+LONGEST = ("tests/test_hot_swap.py", "tests/test_cluster.py", "tests/test_kill.py",
+           "tests/test_lanes.py", "tests/test_alerts_daemon.py", "tests/test_long_run.py")
 
 
 FAST_LANE = pytest.StashKey()

@@ -199,15 +199,16 @@ class AlertService:
 
     # -- delivery
     def _deliver(self, rec: Receiver) -> None:
-        """A receiver's outbox in order: the oldest notifications first, retried (the whole
-        receiver backs off) until delivered; Alertmanager is sent the firing alerts again
-        every ``resend_s``."""
+        """A receiver's outbox in order: the oldest notifications first, a request carrying
+        ``rec.batch`` of them, retried (the whole receiver backs off) until delivered; those
+        delivered leave the outbox together, a hundred requests at a time at most (one
+        commit). Alertmanager is sent the firing alerts again every ``resend_s``."""
         cfg = rec.config
         failures = 0
         resend_at = time.monotonic() + cfg.resend_s
         wake = self._wake[rec.name]
         while not self._stop.is_set():
-            items = self.store.pending(rec.name, rec.batch)
+            items = self.store.pending(rec.name, rec.batch * 100)
             if not items:
                 if rec.batch > 1 and time.monotonic() >= resend_at:
                     resend_at = time.monotonic() + cfg.resend_s
@@ -215,25 +216,35 @@ class AlertService:
                 wake.wait(min(1.0, max(0.05, resend_at - time.monotonic())))
                 wake.clear()
                 continue
-            t0 = time.time()
-            try:
-                rec.send([i.body for i in items])
-            except Exception as e:  # noqa: BLE001 - any failure: counted, retried
+            done: list = []
+            error = None
+            for i in range(0, len(items), rec.batch):
+                chunk = items[i:i + rec.batch]
+                t0 = time.time()
+                try:
+                    rec.send([o.body for o in chunk])
+                except Exception as e:  # noqa: BLE001 - any failure: counted, retried
+                    error, failed = e, chunk
+                    break
+                done += chunk
+                for o in chunk:
+                    self.metrics.alert_delivery.labels(rec.name).observe(max(0.0, t0 - o.created))
+                if self._stop.is_set():
+                    break
+            if done:
+                failures = 0
+                self.store.delivered([o.id for o in done])
+                self.metrics.alert_notifications.labels(rec.name, "sent").inc(len(done))
+            self.metrics.alert_outbox.labels(rec.name).set(self.store.outbox_size(rec.name))
+            if error is not None:
                 failures += 1
-                self.store.failed([i.id for i in items])
-                self.metrics.alert_notifications.labels(rec.name, "failed").inc(len(items))
+                self.store.failed([o.id for o in failed])
+                self.metrics.alert_notifications.labels(rec.name, "failed").inc(len(failed))
                 delay = min(cfg.max_backoff_s, 0.5 * 2 ** min(failures, 20))
                 delay *= random.uniform(0.5, 1.5)
                 log.warning("alerts: delivery to %s failed (%s); again in %.1f s", rec.name,
-                            e, delay)
+                            error, delay)
                 self._stop.wait(delay)
-                continue
-            failures = 0
-            self.store.delivered([i.id for i in items])
-            self.metrics.alert_notifications.labels(rec.name, "sent").inc(len(items))
-            for i in items:
-                self.metrics.alert_delivery.labels(rec.name).observe(max(0.0, t0 - i.created))
-            self.metrics.alert_outbox.labels(rec.name).set(self.store.outbox_size(rec.name))
 
     def _resend(self, rec: Receiver) -> None:
         """The firing alerts of the rules that send to ``rec``, again (Alertmanager resolves
