@@ -6,7 +6,7 @@ connection, no state, no outbox). (2) The capture side's throughput (``bench_dae
 the backbone trace, its 50 queries, Spark left out) without alerts, with a window of 10,000
 instances applied beside it every second (each fires 10,000 and resolves 10,000: far beyond a
 real rule's pace, a window a minute), and with such windows back to back (the worst case).
-Medians of 5 (capture: 3), alternating.
+Medians of 5, alternating.
 
 ``python bench/bench_alerts.py [--quick]``; figures in ``bench/results/alerts.json``.
 """
@@ -212,7 +212,7 @@ def capture_side(quick: bool) -> dict:
             t.join()
     run(path, queries)  # warm-up
     off, paced, busy = [], [], []
-    for _ in range(1 if quick else 3):
+    for _ in range(1 if quick else 5):
         off.append(run(path, queries))
         paced.append(beside(1.0))
         busy.append(beside(0.0))
