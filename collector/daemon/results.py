@@ -59,25 +59,30 @@ class Piece:
 def pieces(root: str | os.PathLike, query: Query) -> list[Piece]:
     """A query's row groups in the order its answer reads: by window (a selection's by first
     tuple time), from the footers alone."""
-    key = "_ts" if query.is_selection else "window_start"
-    out = []
-    for path in part_files(root, query.name):
-        try:
-            meta = pq.read_metadata(path)
-        except (FileNotFoundError, OSError, pa.ArrowInvalid):  # replaced while read
-            continue
-        try:
-            col = meta.schema.names.index(key)
-        except ValueError:
-            continue
-        for i in range(meta.num_row_groups):
-            rg = meta.row_group(i)
-            if not rg.num_rows:
-                continue
-            stats = rg.column(col).statistics
-            start = _micros(stats.min) if stats is not None and stats.has_min_max else 0
-            out.append(Piece(path, i, start, rg.num_rows))
+    out = [p for path in part_files(root, query.name) for p in file_pieces(path, query)]
     return sorted(out, key=lambda p: (p.start, p.path.name, p.group))
+
+
+def file_pieces(path: Path, query: Query) -> list[Piece]:
+    """The row groups of one part file, from its footer ([] if it is gone or torn)."""
+    key = "_ts" if query.is_selection else "window_start"
+    try:
+        meta = pq.read_metadata(path)
+    except (FileNotFoundError, OSError, pa.ArrowInvalid):  # replaced while read
+        return []
+    try:
+        col = meta.schema.names.index(key)
+    except ValueError:
+        return []
+    out = []
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        if not rg.num_rows:
+            continue
+        stats = rg.column(col).statistics
+        start = _micros(stats.min) if stats is not None and stats.has_min_max else 0
+        out.append(Piece(path, i, start, rg.num_rows))
+    return out
 
 
 def _micros(v) -> int:

@@ -20,7 +20,7 @@ from collector.daemon.alerts.lifecycle import apply_window, event
 from collector.daemon.alerts.receivers import Receiver, make_receiver
 from collector.daemon.alerts.rules import AlertRule, check_rule
 from collector.daemon.alerts.store import AlertStore, Instance, iso
-from collector.daemon.results import pieces, read_pieces
+from collector.daemon.results import file_pieces, part_files, read_pieces
 from collector.metrics import Metrics
 from planner.ir import Query
 
@@ -48,6 +48,7 @@ class AlertService:
         self._wake = {n: threading.Event() for n in self.receivers}
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()  # one evaluation at a time (the clock, a rule change)
+        self._footers: dict[str, dict] = {}  # query -> part file -> ((mtime, size), pieces)
 
     # -- rules
     def check(self, query: Query, rule: AlertRule) -> AlertRule:
@@ -139,7 +140,7 @@ class AlertService:
                   cb: float) -> None:
         period = q.period
         done_before = math.ceil(cb / period) * period  # windows starting before cb are closed
-        found = [p for p in pieces(self.settings.results_dir, q) if p.start / 1e6 < cb]
+        found = [p for p in self._pieces(q) if p.start / 1e6 < cb]
         if evaluated is None:
             # a new rule reads the answers written since it was set
             found = [p for p in found if _mtime(p.path) >= created - 1]
@@ -163,6 +164,27 @@ class AlertService:
                 self._apply(q, rule, at, [], instances, done_before)
             else:
                 self.store.apply(q.name, done_before, [], [], [])
+
+    def _pieces(self, q: Query) -> list:
+        """The query's row groups, a footer read only for a part file that is new or was
+        replaced since the last look (a query keeps a part per answer job: months of them
+        under retention, every check_s)."""
+        seen = self._footers.setdefault(q.name, {})
+        now: dict = {}
+        out = []
+        for path in part_files(self.settings.results_dir, q.name):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            stamp = (st.st_mtime_ns, st.st_size)
+            cached = seen.get(path)
+            found = cached[1] if cached is not None and cached[0] == stamp else \
+                file_pieces(path, q)
+            now[path] = (stamp, found)
+            out += found
+        self._footers[q.name] = now
+        return out
 
     def _rows(self, q: Query, chosen) -> list[dict]:
         rows = []

@@ -311,3 +311,32 @@ def test_the_readme_example_is_a_valid_rule():
     rule = check_rule(parse_directive(q.alert), q, {"am", "ops"})
     assert (q.name, rule.severity, rule.keys, rule.receivers) == ("syn_flood", "critical",
                                                                  ["host"], ["am"])
+
+
+def test_each_part_footer_is_read_once(tmp_path, monkeypatch):
+    """A query keeps a part per answer job (months of them under retention): evaluation reads
+    the footer of a part only when it is new or replaced."""
+    import collector.daemon.alerts.service as service
+    rec = Receiver()
+    c = collector(tmp_path, rec.url)
+    read: list[str] = []
+    real = service.file_pieces
+    monkeypatch.setattr(service, "file_pieces",
+                        lambda path, q: read.append(path.name) or real(path, q))
+    try:
+        q = c.register("syn", SQL, AlertRule())
+        root = c.settings.results_dir
+        for w in range(3):
+            write_window(root, q, w, [("192.0.2.1", 500)])
+        closed_until(c, 3)
+        c.alerts.evaluate()
+        assert sorted(read) == [f"part-run-{w:08d}.parquet" for w in range(3)]
+        read.clear()
+        write_window(root, q, 3, [("192.0.2.1", 500)])
+        closed_until(c, 4)
+        c.alerts.evaluate()
+        assert read == ["part-run-00000003.parquet"]
+        assert [a["state"] for a in c.alerts.alerts()] == ["firing"]
+    finally:
+        c.stop()
+        rec.close()
