@@ -486,7 +486,8 @@ def test_the_startup_heap_is_frozen_once_per_process():
         a.append(b)
         b.append(a)
     freeze_startup_heap()
-    assert gc.get_freeze_count() == frozen
+    # nothing more frozen (a frozen object may still die: the count never grows)
+    assert gc.get_freeze_count() <= frozen
 
 
 def test_replay_runs_on_small_pages(spark, tmp_path):
