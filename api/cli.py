@@ -648,14 +648,8 @@ JVM_LOG_DAYS = 1  # a failed replay's JVM log is kept this long for its user to 
 def forget_jvm_logs(folder: Path, now: float | None = None) -> int:
     """Remove the JVM logs that failed replays left (each names its log in its error line)
     more than a day ago; how many."""
-    now = time.time() if now is None else now
-    removed = 0
-    for path in folder.glob("flowsieve-replay-*-spark.log"):
-        with contextlib.suppress(OSError):
-            if now - path.stat().st_mtime > JVM_LOG_DAYS * 86400:
-                path.unlink()
-                removed += 1
-    return removed
+    from collector.spark.write import remove_older
+    return remove_older(folder.glob("flowsieve-replay-*-spark.log"), JVM_LOG_DAYS * 86400, now)
 
 
 def cmd_run(args) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collector.daemon.results import part_files
+from collector.spark.write import remove_older
 
 log = logging.getLogger("flowsieve.retention")
 
@@ -98,13 +99,4 @@ def expire_quarantined(spool_root: str | os.PathLike, max_age_s: float,
                        now: float | None = None) -> int:
     """Remove quarantined spool files (and their ``.reason``) set aside longer ago than
     ``max_age_s``; how many files were removed."""
-    now = time.time() if now is None else now
-    removed = 0
-    for path in Path(spool_root).glob("*/*/bad/*"):
-        try:
-            if now - path.stat().st_mtime > max_age_s:
-                path.unlink()
-                removed += 1
-        except FileNotFoundError:
-            pass
-    return removed
+    return remove_older(Path(spool_root).glob("*/*/bad/*"), max_age_s, now)

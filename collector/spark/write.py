@@ -69,9 +69,15 @@ STALE_S = 3600.0  # a hidden part file this old is a dead task's
 def sweep_results(root: str | os.PathLike, older_than_s: float = STALE_S) -> int:
     """Remove the hidden files of answer tasks that died while writing (killed, out of memory)
     and are this old; the number removed."""
+    return remove_older(Path(root).glob(f"{QUERY}=*/.part-*.tmp"), older_than_s)
+
+
+def remove_older(paths, older_than_s: float, now: float | None = None) -> int:
+    """Remove those of ``paths`` last changed more than ``older_than_s`` ago; how many (one
+    removed meanwhile by another is not counted)."""
+    now = time.time() if now is None else now
     removed = 0
-    now = time.time()
-    for path in Path(root).glob(f"{QUERY}=*/.part-*.tmp"):
+    for path in paths:
         try:
             if now - path.stat().st_mtime > older_than_s:
                 path.unlink()
