@@ -88,7 +88,8 @@ def test_retention_while_running_then_a_clean_stop_under_traffic(tmp_path):
         try:
             # Spark answers windows, and packets keep coming (the capture loops)
             first = wait_for(lambda: oldest_window(base, "udp_bw"), 240, "udp_bw results")
-            # by bytes: dns_req keeps at most 4 kB (a part of a window or two is 1-3 kB)
+            # by bytes: dns_req keeps at most 4 kB (a part of a window or two is 1-3 kB; a part
+            # of more windows, on a slow machine, may alone be over the limit and go too)
             r = httpx.patch(f"{base}/queries/dns_req", json={"max_bytes": 4096,
                                                              "max_age": "unlimited"})
             assert r.status_code == 200 and r.json()["retention"]["max_bytes"] == 4096
@@ -100,7 +101,7 @@ def test_retention_while_running_then_a_clean_stop_under_traffic(tmp_path):
             wait_for(lambda: removed("dns_req", "bytes"), 120, "dns_req over its 4 kB")
             held = metric(httpx.get(f"{base}/metrics", timeout=10).text,
                           "flowsieve_results_bytes", 'query="dns_req"')
-            assert 0 < held <= 4096
+            assert held <= 4096
             assert removed("dns_req", "age") == 0  # its own limit: no age
             # by age: udp_bw's first window goes once its part is 12 s old
             wait_for(lambda: removed("udp_bw", "age"), 120, "udp_bw's parts older than 12 s")
