@@ -33,7 +33,7 @@ class Field:
     """One catalogue field."""
 
     name: str
-    stream: str  # "packets" or "flows"
+    stream: str  # "packets", "flows", "samples" or "counters"
     kind: str  # INT32, INT64, IP, TS, STRING
     group: str  # protocol-layer group the unpack kernel extracts together
     cost: float  # unpack cost alone (relative ops)
@@ -148,18 +148,135 @@ FLOW_FIELDS: tuple[Field, ...] = (
     _f("direction", F, INT32, "flow", 1, 0, True, False, "0 ingress, 1 egress", values=2),
 )
 
+S = "samples"
+# sFlow flow samples: every packets field (of the sampled header), then the sample's own
+SFLOW_SAMPLE_FIELDS: tuple[Field, ...] = (
+    _f("agent", S, IP, "sflow", 1, 0, True, False, "the agent address of the datagram"),
+    _f("sub_agent", S, INT64, "sflow", 1, 0, True, False, "the sub-agent id of the datagram"),
+    _f("source_id_type", S, INT32, "sflow", 1, 0, True, False,
+       "data source type: 0 ifIndex, 1 smonVlanDataSource, 2 entPhysicalEntry", values=256),
+    _f("source_id", S, INT64, "sflow", 1, 0, True, False, "data source index"),
+    _f("sampling_rate", S, INT64, "sflow", 1, 0, True, False,
+       "1 in this many packets was sampled"),
+    _f("sample_pool", S, INT64, "sflow", 1, 0, False, False,
+       "packets that could have been sampled (the data source's total, wraps at 2^32)"),
+    _f("drops", S, INT64, "sflow", 1, 0, False, False,
+       "samples the agent dropped for lack of resources (total, wraps at 2^32)"),
+    _f("input_if", S, INT64, "sflow", 1, 0, True, False,
+       "input interface index (NULL when unknown or not an index)"),
+    _f("output_if", S, INT64, "sflow", 1, 0, True, False,
+       "output interface index (NULL when discarded, several or unknown)"),
+    _f("output_if_format", S, INT32, "sflow", 1, 0, True, False,
+       "0 one interface, 1 packet discarded, 2 several interfaces", values=4),
+    _f("discard_reason", S, INT32, "sflow", 1, 0, True, False,
+       "why the packet was discarded (output_if_format 1; ICMP unreachable codes, 256 ...)"),
+    _f("header_protocol", S, INT32, "sflow", 1, 0, True, False,
+       "the sampled header's protocol: 1 Ethernet, 11 IPv4, 12 IPv6, 15 802.11 ...",
+       values=256),
+    _f("frame_length", S, INT64, "sflow", 1, 0, False, True,
+       "the sampled packet's length as exported (Ethernet: with its FCS)"),
+    _f("src_vlan", S, INT32, "sflow", 1, 0, True, False, "extended switch: incoming VLAN",
+       values=4096),
+    _f("dst_vlan", S, INT32, "sflow", 1, 0, True, False, "extended switch: outgoing VLAN",
+       values=4096),
+    _f("src_priority", S, INT32, "sflow", 1, 0, True, False,
+       "extended switch: incoming 802.1p priority", values=8),
+    _f("dst_priority", S, INT32, "sflow", 1, 0, True, False,
+       "extended switch: outgoing 802.1p priority", values=8),
+    _f("next_hop", S, IP, "sflow", 1, 0, True, False, "extended router: next hop"),
+    _f("src_mask", S, INT32, "sflow", 1, 0, True, False,
+       "extended router: source prefix length", values=129),
+    _f("dst_mask", S, INT32, "sflow", 1, 0, True, False,
+       "extended router: destination prefix length", values=129),
+    _f("bgp_next_hop", S, IP, "sflow", 1, 0, True, False, "extended gateway: BGP next hop"),
+    _f("router_as", S, INT64, "sflow", 1, 0, True, False, "extended gateway: the router's AS"),
+    _f("src_as", S, INT64, "sflow", 1, 0, True, False, "extended gateway: source AS"),
+    _f("src_peer_as", S, INT64, "sflow", 1, 0, True, False, "extended gateway: source peer AS"),
+    _f("dst_peer_as", S, INT64, "sflow", 1, 0, True, False,
+       "extended gateway: first AS of the destination path"),
+    _f("dst_as", S, INT64, "sflow", 1, 0, True, False,
+       "extended gateway: last AS of the destination path (the origin)"),
+    _f("as_path_len", S, INT32, "sflow", 1, 0, True, False,
+       "extended gateway: ASes in the destination path", values=256),
+    _f("community", S, INT64, "sflow", 1, 0, True, False,
+       "extended gateway: first BGP community (AS << 16 | value)"),
+    _f("local_pref", S, INT64, "sflow", 1, 0, True, False, "extended gateway: local preference"),
+    _f("est_packets", S, INT64, "sflow", 1, 0, False, True,
+       "packets the sample stands for: sampling_rate"),
+    _f("est_bytes", S, INT64, "sflow", 1, 0, False, True, "wirelen × sampling_rate"),
+)
+SAMPLE_FIELDS: tuple[Field, ...] = tuple(
+    Field(f.name, S, f.kind, f.group, f.cost, f.group_cost, f.groupable, f.measure,
+          "iface: the source's index" if f.name == "iface" else f.doc, f.values)
+    for f in PACKET_FIELDS) + SFLOW_SAMPLE_FIELDS
+
+C = "counters"
+
+
+def _counter(name, doc, kind=INT64, measure=True, groupable=False, values=0):
+    return Field(name, C, kind, "sflow", 1, 0, groupable, measure, doc, values)
+
+
+# sFlow counter samples: generic interface counters (RFC 2233) and Ethernet's (RFC 2358);
+# NULL where the sample had no such record. Counters are totals since the agent started: a
+# window's max - min is what passed in it
+COUNTER_FIELDS: tuple[Field, ...] = (
+    Field("ts", C, TS, "meta", 1, 0, False, False, "arrival time of the datagram"),
+    Field("time", C, INT64, "meta", 1, 0, False, False, "epoch seconds, floor(ts)"),
+    _counter("agent", "the agent address of the datagram", IP, False, True),
+    _counter("sub_agent", "the sub-agent id of the datagram", measure=False, groupable=True),
+    _counter("source_id_type", "data source type (0 ifIndex)", INT32, False, True, 256),
+    _counter("source_id", "data source index", measure=False, groupable=True),
+    _counter("if_index", "interface index", measure=False, groupable=True),
+    _counter("if_type", "interface type (IANAifType: 6 ethernetCsmacd)", INT32, False, True),
+    _counter("if_speed", "interface speed in bits per second", measure=True, groupable=True),
+    _counter("if_direction", "0 unknown, 1 full duplex, 2 half, 3 in, 4 out", INT32, False,
+             True, 8),
+    _counter("if_admin_up", "administratively up (0/1)", INT32, False, True, 2),
+    _counter("if_oper_up", "operationally up (0/1)", INT32, False, True, 2),
+    _counter("in_octets", "octets received"),
+    _counter("in_ucast_pkts", "unicast packets received"),
+    _counter("in_mcast_pkts", "multicast packets received"),
+    _counter("in_bcast_pkts", "broadcast packets received"),
+    _counter("in_discards", "inbound packets discarded"),
+    _counter("in_errors", "inbound packets with errors"),
+    _counter("in_unknown_protos", "inbound packets of unknown protocols"),
+    _counter("out_octets", "octets sent"),
+    _counter("out_ucast_pkts", "unicast packets sent"),
+    _counter("out_mcast_pkts", "multicast packets sent"),
+    _counter("out_bcast_pkts", "broadcast packets sent"),
+    _counter("out_discards", "outbound packets discarded"),
+    _counter("out_errors", "outbound packets with errors"),
+    _counter("promiscuous", "promiscuous mode (1 true, 2 false)", INT32, False, True, 4),
+    _counter("alignment_errors", "Ethernet: dot3StatsAlignmentErrors"),
+    _counter("fcs_errors", "Ethernet: dot3StatsFCSErrors"),
+    _counter("single_collisions", "Ethernet: dot3StatsSingleCollisionFrames"),
+    _counter("multiple_collisions", "Ethernet: dot3StatsMultipleCollisionFrames"),
+    _counter("sqe_test_errors", "Ethernet: dot3StatsSQETestErrors"),
+    _counter("deferred_transmissions", "Ethernet: dot3StatsDeferredTransmissions"),
+    _counter("late_collisions", "Ethernet: dot3StatsLateCollisions"),
+    _counter("excessive_collisions", "Ethernet: dot3StatsExcessiveCollisions"),
+    _counter("mac_transmit_errors", "Ethernet: dot3StatsInternalMacTransmitErrors"),
+    _counter("carrier_sense_errors", "Ethernet: dot3StatsCarrierSenseErrors"),
+    _counter("frame_too_longs", "Ethernet: dot3StatsFrameTooLongs"),
+    _counter("mac_receive_errors", "Ethernet: dot3StatsInternalMacReceiveErrors"),
+    _counter("symbol_errors", "Ethernet: dot3StatsSymbolErrors"),
+)
+
 # Cost of finding a group's header (walking the layers in front of it), paid once when the group
 # is unpacked as a whole; a field unpacked alone pays its own ``cost``, which includes that walk.
 # Prefilter paper, section 2.4: the planner covers the fields a plan needs with groups and single
 # fields by weighted set cover (planner/field_groups.py).
 GROUP_BASE: dict[str, float] = {
     "meta": 0, "link": 1, "ip": 2, "l4": 3, "dns": 4, "dns_name": 0, "dns_an": 40, "payload": 3,
-    "flow": 0,
+    "flow": 0, "sflow": 0,
 }
 
 STREAMS: dict[str, dict[str, Field]] = {
     P: {f.name: f for f in PACKET_FIELDS},
     F: {f.name: f for f in FLOW_FIELDS},
+    S: {f.name: f for f in SAMPLE_FIELDS},
+    C: {f.name: f for f in COUNTER_FIELDS},
 }
 
 
