@@ -26,15 +26,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from capture.errors import CaptureError
-from capture.fields import BYTES, IP, TS, fields, ip_text
+from capture.fields import BYTES, IP, STREAMS, TS, fields, ip_text
 from capture.netflow import DEFAULT_FLOW_PORTS
+from capture.sflow import DEFAULT_SFLOW_PORTS
 from collector.pipeline.spool import SpoolFull
 from planner.ir import QueryError
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-STREAMS = ("packets", "flows")
 FROM_CONFIG = object()  # --bits not given: the config's planner.bit_budget
 
 
@@ -74,6 +74,8 @@ def _bits(text: str) -> int | None:
 
 PORTS_HELP = ("UDP ports of flow exports, comma-separated (default "
               f"{','.join(map(str, DEFAULT_FLOW_PORTS))})")
+SFLOW_PORTS_HELP = ("UDP ports of sFlow datagrams, comma-separated (default "
+                    f"{','.join(map(str, DEFAULT_SFLOW_PORTS))})")
 BITS_HELP = ("prefilter bit budget: a number, or none for one bit per rectangle (default: the "
              "config's planner.bit_budget, as the daemon compiles)")
 CONFIG_HELP = "YAML config (default: the embedded defaults)"
@@ -101,6 +103,8 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--config", help=CONFIG_HELP + "; its planner, asc and spark sections apply")
     rp.add_argument("--flow-ports", type=_ports, default=list(DEFAULT_FLOW_PORTS),
                     help=PORTS_HELP)
+    rp.add_argument("--sflow-ports", type=_ports, default=list(DEFAULT_SFLOW_PORTS),
+                    help=SFLOW_PORTS_HELP)
     rp.add_argument("--out", help="keep the spool, results and checkpoints in this folder "
                     "(must be empty)")
     rp.add_argument("--format", choices=("table", "csv", "json"), default="table",
@@ -114,15 +118,21 @@ def parser() -> argparse.ArgumentParser:
                     "replay_workers of the config: 0, one per core but one, up to 4, for "
                     "files of 128 MiB and more)")
 
-    d = sub.add_parser("decode", help="print unpacked tuples or flow records",
-                       description="Print the catalogue fields of every packet, or every "
-                                   "NetFlow/IPFIX record, of a capture.")
+    d = sub.add_parser("decode", help="print unpacked tuples, flow records or sFlow samples",
+                       description="Print the catalogue fields of every packet, every "
+                                   "NetFlow/IPFIX record, or every sFlow flow or counter "
+                                   "sample, of a capture.")
     d.add_argument("capture", help="pcap or pcapng file, or - for a pcap or pcapng stream on "
-                   "stdin (--stream flows: the NetFlow/IPFIX datagrams it holds)")
+                   "stdin (--stream flows: the NetFlow/IPFIX datagrams it holds; samples, "
+                   "counters: its sFlow datagrams)")
     d.add_argument("--stream", choices=STREAMS, default="packets",
-                   help="packets: unpacked packet fields; flows: NetFlow v5/v9/IPFIX records")
+                   help="packets: unpacked packet fields; flows: NetFlow v5/v9/IPFIX records; "
+                   "samples: sFlow flow samples (their headers unpacked); counters: sFlow "
+                   "counter samples")
     d.add_argument("--flow-ports", type=_ports, default=list(DEFAULT_FLOW_PORTS),
                    help=PORTS_HELP)
+    d.add_argument("--sflow-ports", type=_ports, default=list(DEFAULT_SFLOW_PORTS),
+                   help=SFLOW_PORTS_HELP)
     d.add_argument("--fields", help="comma-separated catalogue fields (default: all but "
                    "payload, which prints as hex when named; see flowsieve fields)")
     d.add_argument("--format", choices=("csv", "json", "parquet"), default="csv",
@@ -446,7 +456,7 @@ def _decoded_schema(stream: str, names: list[str]) -> pa.Schema:
     def arrow_type(n: str):
         if cat[n].kind == IP:
             return pa.string()
-        if n == "ts" and stream == "packets":
+        if n == "ts" and stream != "flows":  # a packet's or a datagram's arrival
             return pa.timestamp("ns", tz="UTC")
         return cat[n].arrow_type
     return pa.schema([pa.field(n, arrow_type(n)) for n in names])
@@ -528,19 +538,26 @@ def cmd_decode(args) -> int:
 
     from capture.netflow import Decoder, capture_flows
     from capture.pcap import open_capture
+    from capture.sflow import SflowDecoder, capture_sflow
     from capture.unpack import unpack
     stream = args.stream
     names = _field_names(stream, args.fields)
     check_capture(args.capture)
     progress = Progress(f"decode {stream}", _file_size(args.capture))
-    decoder = Decoder() if stream == "flows" else None
+    decoder = Decoder() if stream == "flows" else SflowDecoder() if stream in (
+        "samples", "counters") else None
     reader = open_capture(args.capture)  # the file is opened before any output is written
     output = _DecodeOutput(args.format, args.output, stream, names)
     ok = False
     try:
         t0, records = time.monotonic(), 0
-        batches = (unpack(raw, names) for raw in reader) if stream == "packets" else \
-            capture_flows(reader, args.flow_ports, decoder)
+        if stream == "packets":
+            batches = (unpack(raw, names) for raw in reader)
+        elif stream == "flows":
+            batches = capture_flows(reader, args.flow_ports, decoder)
+        else:
+            batches = (b.samples(names) if stream == "samples" else b.counters()
+                       for b in capture_sflow(reader, args.sflow_ports, decoder))
         for batch in batches:
             output.write(batch)
             records += len(batch)
@@ -550,8 +567,9 @@ def cmd_decode(args) -> int:
     finally:
         progress.close()
         output.close(ok)
-    if decoder is not None and decoder.errors:
-        detail = ", ".join(f"{k}: {v}" for k, v in sorted(decoder.errors.items()))
+    errors = getattr(decoder, "all_errors", None) or getattr(decoder, "errors", None)
+    if errors:
+        detail = ", ".join(f"{k}: {v}" for k, v in sorted(errors.items()))
         print(f"decode: input skipped ({detail})", file=sys.stderr)
     return 0
 
@@ -616,7 +634,8 @@ def cmd_replay(args) -> int:
     try:
         try:
             res = replay(args.capture, queries, work, starting, settings=settings,
-                         flow_ports=args.flow_ports, progress=report)
+                         flow_ports=args.flow_ports, progress=report,
+                         sflow_ports=args.sflow_ports)
         except CliError:
             raise
         except Exception as e:

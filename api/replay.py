@@ -15,8 +15,10 @@ from pathlib import Path
 import pyarrow as pa
 
 from capture.errors import DecodeError
+from capture.fields import STREAMS
 from capture.netflow import DEFAULT_FLOW_PORTS, Decoder, capture_flows
 from capture.pcap import open_capture, split_pcap
+from capture.sflow import DEFAULT_SFLOW_PORTS, capture_sflow
 from collector.config import Settings
 from collector.daemon.process import freeze_startup_heap, no_huge_pages
 from collector.daemon.results import read_results
@@ -61,19 +63,27 @@ class ReplayResult:
         return [(q, read_results(self.results, q)) for q in self.queries]
 
 
-def _inputs(capture, stream: str, batch_size: int, flow_ports, decoder: Decoder | None):
-    """The stream's batches; a flow decoder (its template state) is made only for flows."""
+def _inputs(capture, stream: str, batch_size: int, flow_ports, decoder: Decoder | None,
+            sflow_ports: Iterable[int] = DEFAULT_SFLOW_PORTS):
+    """The stream's batches; a flow decoder (its template state) is made only for flows, an
+    sFlow decoder for samples or counters (each stream decodes the datagrams on its own)."""
     if stream == "packets":
         return open_capture(capture, batch_size)
+    if stream == "samples":
+        return capture_sflow(capture, sflow_ports, batch_size=batch_size)
+    if stream == "counters":
+        return (b.counters() for b in capture_sflow(capture, sflow_ports,
+                                                    batch_size=batch_size))
     return capture_flows(capture, flow_ports, decoder or Decoder())
 
 
 def measured_plan(capture, queries: list[Query], plan: Plan, spool: Spool, settings: Settings,
-                  flow_ports: Iterable[int] = DEFAULT_FLOW_PORTS) -> Plan:
+                  flow_ports: Iterable[int] = DEFAULT_FLOW_PORTS,
+                  sflow_ports: Iterable[int] = DEFAULT_SFLOW_PORTS) -> Plan:
     """The plan rebuilt on what the first ``planner.measure_tuples`` tuples of each stream
     show: predicate selectivities (the bit budget) and a tuple sample (aggregate-tree node
     sizes). Input errors are left to the real pass, which reports them."""
-    selectivity, samples = measure(capture, plan, spool, settings, flow_ports)
+    selectivity, samples = measure(capture, plan, spool, settings, flow_ports, sflow_ports)
     return build_plan(queries, selectivity=selectivity, samples=samples,
                       **replay_plan_options(settings))
 
@@ -86,7 +96,8 @@ def replay_plan_options(settings: Settings) -> dict:
 
 
 def measure(capture, plan: Plan, spool: Spool, settings: Settings,
-            flow_ports: Iterable[int] = DEFAULT_FLOW_PORTS) -> tuple[dict, dict]:
+            flow_ports: Iterable[int] = DEFAULT_FLOW_PORTS,
+            sflow_ports: Iterable[int] = DEFAULT_SFLOW_PORTS) -> tuple[dict, dict]:
     """Predicate selectivities and tuple samples per stream of a capture's first tuples."""
     limit = settings.planner.measure_tuples
     meter = SelectivityMeter()
@@ -101,7 +112,8 @@ def measure(capture, plan: Plan, spool: Spool, settings: Settings,
         engine.set_plan(plan)
         seen = 0
         try:
-            for batch in _inputs(capture, stream, settings.batch_size, flow_ports, None):
+            for batch in _inputs(capture, stream, settings.batch_size, flow_ports, None,
+                                 sflow_ports):
                 engine.observe(batch)
                 seen += len(batch)
                 if seen >= limit:
@@ -214,11 +226,13 @@ def _warm_up(spark) -> threading.Thread:
 def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.PathLike,
            spark, *, settings: Settings | None = None, metrics: Metrics | None = None,
            flow_ports: Iterable[int] = DEFAULT_FLOW_PORTS, decoder: Decoder | None = None,
-           progress: Callable[[str, int | None], None] | None = None
+           progress: Callable[[str, int | None], None] | None = None,
+           sflow_ports: Iterable[int] = DEFAULT_SFLOW_PORTS
            ) -> ReplayResult:
     """Run ``queries`` over a capture file; the answers of every window (end of input closes
     them all). Queries FROM packets read its packets, queries FROM flows the NetFlow/IPFIX
-    datagrams sent to ``flow_ports``. The plan, the ASC runtime, the batch size and the
+    datagrams sent to ``flow_ports``, FROM samples and FROM counters the sFlow datagrams sent
+    to ``sflow_ports``. The plan, the ASC runtime, the batch size and the
     watermark come from ``settings`` (the daemon's configuration; default: the embedded one).
     A decode error stops the input: what came before it is answered, and the error is
     returned. ``progress(stage, records)`` is told how far the input is (records read; None
@@ -250,10 +264,10 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
         os.path.getsize(capture) >= WARM_UP_BYTES else None
     if settings.planner.measure_tuples:
         report("measuring", 0)
-        plan = measured_plan(capture, queries, plan, spool, settings, flow_ports)
+        plan = measured_plan(capture, queries, plan, spool, settings, flow_ports, sflow_ports)
     error = None
     ranges = byte_ranges(capture, settings) if "packets" in plan.streams() else []
-    for stream in ("packets", "flows"):
+    for stream in STREAMS:
         if not any(q.stream == stream for q in queries):
             continue
         if stream == "packets" and len(ranges) > 1:
@@ -265,7 +279,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
             done = 0
             if stream == "flows":
                 decoder = decoder or Decoder()
-            batches = _inputs(capture, stream, batch_size, flow_ports, decoder)
+            batches = _inputs(capture, stream, batch_size, flow_ports, decoder, sflow_ports)
             with closing(ahead(batches, engine.prepare)) as read:  # the reader stops with us
                 for batch, tuples in read:
                     engine.process(batch, "replay", prepared=tuples)

@@ -18,6 +18,7 @@ from sqlglot.tokens import Tokenizer, TokenType
 from capture.fields import (
     BYTES,
     IP,
+    STREAMS,
     STRING,
     fields,
     key_field,
@@ -25,6 +26,7 @@ from capture.fields import (
 from planner.ir import Condition, Join, Output, Predicate, Query, QueryError
 from planner.where import CMP_NODES, FLIP, NAME_RE, OPERATORS, WhereTranslator, numeric
 
+_FROM = "FROM " + ", ".join(STREAMS)
 DIRECTIVE_RE = re.compile(r"^\s*--\s*(name|alert):\s*(.*?)\s*$")
 
 
@@ -365,11 +367,10 @@ class _Builder(_Aggregation):
                 raise self.err(f"{arg.upper()} is not supported", st)
         frm = st.args.get("from_") or st.args.get("from")
         if frm is None or not isinstance(frm.this, exp.Table):
-            raise self.err("FROM packets or FROM flows is required", st)
+            raise self.err(f"FROM is required ({_FROM})", st)
         self.stream = frm.this.name.lower()
-        if self.stream not in ("packets", "flows"):
-            raise self.err(f"unknown stream {frm.this.name!r} (FROM packets or FROM flows)",
-                           frm.this)
+        if self.stream not in STREAMS:
+            raise self.err(f"unknown stream {frm.this.name!r} ({_FROM})", frm.this)
         self.cat = fields(self.stream)
         preds = self.where(st.args.get("where"))
         group = st.args.get("group")

@@ -6,12 +6,13 @@ whether or not its author said so, and a test left in the fast lane cannot start
   helper of ``tests/processes.py`` that starts ``flowsieve run``/``replay`` or the daemon.
 - While a fast test runs, ``JAVA_HOME`` points nowhere and the ``java`` first on ``PATH``
   refuses to start, naming the rule: a JVM it starts anyway fails the test.
-- The whole suite runs the fast lane once, as the slow test ``tests/test_lanes.py``, in a
-  pytest of its own with the same rule (so a run of everything proves it), and keeps the fast
-  tests out of its own session: they are not run twice. In one process that pytest starts as
-  soon as the session is collected and runs beside the slow tests (which mostly wait: for a
-  JVM, a window to close), and the lane test waits for its verdict; on xdist's workers
-  (``make test``) the lane test runs it while the other worker goes on.
+- The whole suite in one process runs the fast lane once, as the slow test
+  ``tests/test_lanes.py``, in a pytest of its own with the same rule (so a run of everything
+  proves it), and keeps the fast tests out of its own session: they are not run twice. That
+  pytest starts as soon as the session is collected and runs beside the slow tests (which
+  mostly wait: for a JVM, a window to close), and the lane test waits for its verdict. On
+  xdist's workers (``make test``) the fast tests run in the session itself, each under the
+  rule, between and after the long slow files; the lane test is left out.
 """
 
 from __future__ import annotations
@@ -60,15 +61,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if starts_jvm(item, launchers) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
-    # a run that includes the lane test leaves the fast tests to it
+    # a run that includes the lane test leaves the fast tests to it; on xdist's workers the
+    # fast tests run in the session instead, under the same rule (they fill the workers' gaps
+    # between the long slow files), and the lane test, which would only repeat them, does not
     selected = {i.nodeid.split("::")[0] for i in items}
     if LANE_TEST in selected and not os.environ.get(IN_LANE) and \
             not config.getoption("markexpr"):
-        keep = [i for i in items if i.get_closest_marker("slow")]
+        if hasattr(config, "workerinput"):
+            keep = [i for i in items if i.nodeid.split("::")[0] != LANE_TEST]
+        else:  # one process: the lane runs beside it, in a pytest of its own
+            keep = [i for i in items if i.get_closest_marker("slow")]
+            config.stash[FAST_LANE] = start_fast_lane(Path(config.rootpath))
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
-        if not hasattr(config, "workerinput"):  # one process: the lane runs beside it
-            config.stash[FAST_LANE] = start_fast_lane(Path(config.rootpath))
     # the longest files first: xdist hands the workers files in this order, and a long one
     # given last would run on alone
     rank = {name: i for i, name in enumerate(LONGEST)}

@@ -17,8 +17,9 @@ The package: ``elements`` (sFlow's numbers and the kernel's tables), ``kernel`` 
 """
 
 from capture.sflow.batch import CounterBatch, SampleBatch
-from capture.sflow.decoder import SflowDecoder
+from capture.sflow.decoder import SflowBatch, SflowDecoder, capture_sflow
 
 DEFAULT_SFLOW_PORTS: tuple[int, ...] = (6343,)
 
-__all__ = ["DEFAULT_SFLOW_PORTS", "CounterBatch", "SampleBatch", "SflowDecoder"]
+__all__ = ["DEFAULT_SFLOW_PORTS", "CounterBatch", "SampleBatch", "SflowBatch", "SflowDecoder",
+           "capture_sflow"]

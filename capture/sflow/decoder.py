@@ -6,6 +6,7 @@ reason."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -114,10 +115,9 @@ class SflowDecoder:
         return out
 
     # -- decoding
-    def decode(self, dg: Datagrams, want: Iterable[str] | None = None
-               ) -> tuple[SampleBatch, CounterBatch]:
-        """The flow samples (the packets fields in ``want``, default all, and every sFlow
-        field) and counter samples of a batch of datagrams, in order."""
+    def decode(self, dg: Datagrams) -> SflowBatch:
+        """A batch of datagrams decoded, in order: its flow samples' headers are unpacked when
+        the ``samples`` stream is asked for (with the fields the plan reads)."""
         n = len(dg)
         flows, counters = np.zeros(n, np.int64), np.zeros(n, np.int64)
         count_samples(dg.buf, dg.offset, dg.length, flows, counters)
@@ -155,8 +155,7 @@ class SflowDecoder:
         dc = cs[CS["dgram"]]
         for a, s in zip(agent_idx[dc].tolist(), sub[dc].tolist(), strict=True):
             self.counter_samples[(a, s)] = self.counter_samples.get((a, s), 0) + 1
-        return (self._samples(dg, want, fs, fips, fipset, agent, table),
-                self._counters(dg, cs, agent, table))
+        return SflowBatch(dg, table, agent, fs, fips, fipset, cs)
 
     def _agent_indexes(self, agent: np.ndarray, ok: np.ndarray) -> np.ndarray:
         idx = np.full(len(agent), -1, np.int64)
@@ -168,7 +167,90 @@ class SflowDecoder:
             idx[rows] = codes[inv]
         return idx
 
-    def _samples(self, dg, want, fs, fips, fipset, agent, table) -> SampleBatch:
+    # -- sequence state across restarts
+    def sequences(self) -> list[dict]:
+        """The next number expected of every datagram and sample stream, and the agent's uptime
+        then (a durable source commits them with what it spooled: after a restart the gap at
+        each stream counts what was lost; an agent that restarted meanwhile loses nothing)."""
+        out = []
+        for kind, seqs in (("datagrams", self.datagrams), ("samples", self.samples)):
+            for (a, sub, src), row in seqs.rows():
+                out.append({"kind": kind, "agent": self.agent_names[a], "sub_agent": sub,
+                            "source": src, "next": int(row[Q_NEXT]),
+                            "uptime_ms": int(row[Q_UPTIME])})
+        return out
+
+    def resume_sequences(self, state: list[dict]) -> int:
+        n = 0
+        for e in state:
+            seqs = self.datagrams if e.get("kind") == "datagrams" else self.samples
+            a = self._agent(ip_bytes(e["agent"]))
+            if a >= 0 and seqs.expect((a, e["sub_agent"], e["source"]), e["next"],
+                                      e["uptime_ms"]):
+                n += 1
+        return n
+
+    # -- state for the API
+    def streams(self) -> list[dict]:
+        """Per agent and sub-agent: datagrams, their sequence, its data sources' samples and
+        theirs, counter samples, the last error."""
+        per: dict[tuple[int, int], dict] = {}
+        for (a, sub, _), row in self.datagrams.rows():
+            per[(a, sub)] = {
+                "agent": self.agent_names[a], "sub_agent": sub, "protocol": "sflow",
+                "datagrams": int(row[Q_COUNT]), "last_seen_ns": int(row[Q_LAST_NS]) or None,
+                "uptime_ms": int(row[Q_UPTIME]),
+                "sequence": {"next": int(row[Q_NEXT]), "lost": int(row[Q_LOST]),
+                             "gaps": int(row[Q_GAPS]), "out_of_order": int(row[Q_LATE]),
+                             "restarts": int(row[Q_RESTARTS]), "unit": "datagrams"},
+                "samples": {"flow": 0, "lost": 0, "counter":
+                            self.counter_samples.get((a, sub), 0)},
+                "sources": [],
+                "last_error": str(self.last_error[self.agent_names[a]])
+                if self.agent_names[a] in self.last_error else None}
+        for (a, sub, src), row in self.samples.rows():
+            entry = per.get((a, sub))
+            if entry is None:
+                continue
+            entry["samples"]["flow"] += int(row[Q_COUNT])
+            entry["samples"]["lost"] += int(row[Q_LOST])
+            entry["sources"].append({"source_id_type": src >> 32, "source_id": src & 0xFFFFFFFF,
+                                     "samples": int(row[Q_COUNT]), "next": int(row[Q_NEXT]),
+                                     "lost": int(row[Q_LOST]), "gaps": int(row[Q_GAPS]),
+                                     "out_of_order": int(row[Q_LATE])})
+        return sorted(per.values(), key=lambda e: (e["agent"], e["sub_agent"]))
+
+
+@dataclass
+class SflowBatch:
+    """A batch of datagrams as the kernel decoded it: its two streams on demand."""
+
+    dg: Datagrams
+    table: np.ndarray  # per datagram (elements.DG_COLS)
+    agent: np.ndarray  # (n, 16) per datagram
+    fs: np.ndarray  # per flow sample (elements.FS_COLS)
+    fips: np.ndarray
+    fipset: np.ndarray
+    cs: np.ndarray  # per counter sample (elements.CS_COLS)
+    stream: str = "samples"
+
+    def __len__(self) -> int:
+        return self.fs.shape[1]
+
+    @property
+    def ts_ns(self) -> np.ndarray:
+        return self.dg.ts_ns[self.fs[FS["dgram"]]]
+
+    @property
+    def caplen(self) -> np.ndarray:
+        """The sampled headers' lengths (0 for a sample without one)."""
+        return np.where(self.fs[FS["header_off"]] >= 0, self.fs[FS["header_len"]], 0)
+
+    def samples(self, want: Iterable[str] | None = None) -> SampleBatch:
+        """The flow samples: the packets fields in ``want`` (default all) of their headers,
+        and every sFlow field."""
+        dg, fs, fips, fipset, agent, table = (self.dg, self.fs, self.fips, self.fipset,
+                                              self.agent, self.table)
         n = fs.shape[1]
         d = fs[FS["dgram"]]
         hlen = np.where(fs[FS["header_off"]] >= 0, fs[FS["header_len"]], 0)
@@ -225,7 +307,9 @@ class SflowDecoder:
         return SampleBatch("samples", tb.ts_ns, ints, tb.ips, tb.strings, tb.ip_ok,
                            _bounded("samples", extra))
 
-    def _counters(self, dg, cs, agent, table) -> CounterBatch:
+    def counters(self) -> CounterBatch:
+        """The counter samples."""
+        dg, cs, agent, table = self.dg, self.cs, self.agent, self.table
         d = cs[CS["dgram"]]
         ints = {c: cs[CS[c]] for c in _COUNTER_INTS if c in CS}
         ints["sub_agent"] = table[DG["sub_agent"], d]
@@ -235,55 +319,16 @@ class SflowDecoder:
         return CounterBatch(dg.ts_ns[d], _bounded("counters", ints), {"agent": agent[d]},
                             {"agent": np.ones(len(d), np.bool_)})
 
-    # -- sequence state across restarts
-    def sequences(self) -> list[dict]:
-        """The next number expected of every datagram and sample stream, and the agent's uptime
-        then (a durable source commits them with what it spooled: after a restart the gap at
-        each stream counts what was lost; an agent that restarted meanwhile loses nothing)."""
-        out = []
-        for kind, seqs in (("datagrams", self.datagrams), ("samples", self.samples)):
-            for (a, sub, src), row in seqs.rows():
-                out.append({"kind": kind, "agent": self.agent_names[a], "sub_agent": sub,
-                            "source": src, "next": int(row[Q_NEXT]),
-                            "uptime_ms": int(row[Q_UPTIME])})
-        return out
 
-    def resume_sequences(self, state: list[dict]) -> int:
-        n = 0
-        for e in state:
-            seqs = self.datagrams if e.get("kind") == "datagrams" else self.samples
-            a = self._agent(ip_bytes(e["agent"]))
-            if a >= 0 and seqs.expect((a, e["sub_agent"], e["source"]), e["next"],
-                                      e["uptime_ms"]):
-                n += 1
-        return n
-
-    # -- state for the API
-    def streams(self) -> list[dict]:
-        """Per agent and sub-agent: datagrams, their sequence, its data sources' samples and
-        theirs, counter samples, the last error."""
-        per: dict[tuple[int, int], dict] = {}
-        for (a, sub, _), row in self.datagrams.rows():
-            per[(a, sub)] = {
-                "agent": self.agent_names[a], "sub_agent": sub, "protocol": "sflow",
-                "datagrams": int(row[Q_COUNT]), "last_seen_ns": int(row[Q_LAST_NS]) or None,
-                "uptime_ms": int(row[Q_UPTIME]),
-                "sequence": {"next": int(row[Q_NEXT]), "lost": int(row[Q_LOST]),
-                             "gaps": int(row[Q_GAPS]), "out_of_order": int(row[Q_LATE]),
-                             "restarts": int(row[Q_RESTARTS]), "unit": "datagrams"},
-                "samples": {"flow": 0, "lost": 0, "counter":
-                            self.counter_samples.get((a, sub), 0)},
-                "sources": [],
-                "last_error": str(self.last_error[self.agent_names[a]])
-                if self.agent_names[a] in self.last_error else None}
-        for (a, sub, src), row in self.samples.rows():
-            entry = per.get((a, sub))
-            if entry is None:
-                continue
-            entry["samples"]["flow"] += int(row[Q_COUNT])
-            entry["samples"]["lost"] += int(row[Q_LOST])
-            entry["sources"].append({"source_id_type": src >> 32, "source_id": src & 0xFFFFFFFF,
-                                     "samples": int(row[Q_COUNT]), "next": int(row[Q_NEXT]),
-                                     "lost": int(row[Q_LOST]), "gaps": int(row[Q_GAPS]),
-                                     "out_of_order": int(row[Q_LATE])})
-        return sorted(per.values(), key=lambda e: (e["agent"], e["sub_agent"]))
+def capture_sflow(source, ports, decoder: SflowDecoder | None = None, batch_size: int = 4096):
+    """The sFlow datagrams of a capture (UDP to ``ports``), decoded batch by batch (``decode
+    --stream samples|counters`` and ``replay``): the listener's decoder. ``source`` is what
+    ``open_capture`` takes, or a reader it returned."""
+    from capture.netflow.exports import export_datagrams
+    from capture.pcap import open_capture
+    decoder = decoder or SflowDecoder()
+    reader = source if hasattr(source, "stats") else open_capture(source, batch_size)
+    for raw in reader:
+        dg = export_datagrams(raw, ports)
+        if len(dg):
+            yield decoder.decode(dg)

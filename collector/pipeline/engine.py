@@ -18,6 +18,7 @@ import numpy as np
 from capture.batch import Batch
 from capture.netflow import FlowBatch
 from capture.pcap import RawBatch
+from capture.sflow import CounterBatch, SflowBatch
 from capture.unpack import unpack
 from collector.config import AscConfig, LftaConfig, OmConfig, ResidualConfig
 from collector.metrics import Metrics
@@ -33,6 +34,15 @@ from collector.pipeline.spool import Held, Spool
 from collector.pipeline.spooling import Spooling
 from planner.plan import Plan
 from planner.slots import slot_counts
+
+# batches that arrive decoded (flow records, sFlow counter samples); the others are unpacked
+# with the fields the plan reads (captured packets; sFlow flow samples' headers)
+DECODED = (FlowBatch, CounterBatch)
+
+
+def unpacked(raw: RawBatch | SflowBatch, want) -> Batch:
+    return raw.samples(want) if isinstance(raw, SflowBatch) else unpack(raw, want)
+
 
 MAX_VERSIONS_KEPT = 100_000  # the per-version tuple counts kept (GET /prefilter/versions)
 
@@ -165,7 +175,7 @@ class Engine(Spooling):
         """The tuples of a raw batch for the plan running now, unpacked by a reading thread
         ahead of ``process`` (the unpack kernels release the GIL): None when there is nothing
         to unpack. ``process`` unpacks again if another plan runs by then."""
-        if isinstance(raw, FlowBatch):
+        if isinstance(raw, DECODED):
             return None
         with self._lock:
             plan = self._pending  # set, not yet taken: the next batch takes it
@@ -177,7 +187,7 @@ class Engine(Spooling):
         if self._unpacking[0] is not plan:
             self._unpacking = (plan, plan.unpacking(self.stream).extract)
         want = self._unpacking[1]
-        return Prepared(want, unpack(raw, want))
+        return Prepared(want, unpacked(raw, want))
 
     def process(self, raw: RawBatch | FlowBatch, source: str = "",
                 position: dict | None = None, prepared: Prepared | None = None) -> int:
@@ -200,7 +210,7 @@ class Engine(Spooling):
 
     def _process(self, raw: RawBatch | FlowBatch, source: str = "",
                  prepared: Prepared | None = None) -> int:
-        if isinstance(raw, FlowBatch):
+        if isinstance(raw, DECODED):
             return self.process_flows(raw, source)
         c = self._current()
         self.meters.packets_in(source, len(raw), int(raw.caplen.sum()))
@@ -213,7 +223,7 @@ class Engine(Spooling):
             self.meters.dropped(len(raw))
             return 0
         ready = prepared is not None and prepared.fields == c.fields
-        tb = prepared.tuples if ready else unpack(raw, c.fields)
+        tb = prepared.tuples if ready else unpacked(raw, c.fields)
         return self.process_tuples(c, tb)
 
     def process_flows(self, fb: FlowBatch, source: str = "") -> int:
@@ -237,7 +247,7 @@ class Engine(Spooling):
             c = self._current()
             if c is None:
                 return
-            tb = raw if isinstance(raw, FlowBatch) else unpack(raw, c.fields)
+            tb = raw if isinstance(raw, DECODED) else unpacked(raw, c.fields)
             if self.meter is not None:
                 self.meter.observe(c.plan, tb)
             _, Q = run_prefilter(c.prefilter, tb, c.asc)
