@@ -248,10 +248,11 @@ def unpack_deep(buf, l4_at, l4_end, l4_proto, ints, want, want_dns, want_qname, 
 @kernel_inline
 def link_walk(buf, p, end, linktype):
     """The link layer of one frame (Ethernet, 802.1Q/802.1ad/QinQ tags, MPLS labels, Linux cooked
-    v1/v2, raw IP, BSD loopback): (EtherType after the tags and labels or -1, offset of the network
-    header, outer VLAN, inner VLAN, top MPLS label; -1 where absent). The offset is -1 when the
-    frame is too short for its link header or the link type is unknown. The one walk: packets
-    (unpack) and export datagrams (capture/netflow) both use it."""
+    v1/v2, raw IP, BSD loopback, 802.11 data frames): (EtherType after the tags and labels or
+    -1, offset of the network header, outer VLAN, inner VLAN, top MPLS label; -1 where absent).
+    The offset is -1 when the frame is too short for its link header or the link type is
+    unknown. The one walk: packets (unpack) and export datagrams (capture/netflow) both use
+    it."""
     vlan = -1
     vlan2 = -1
     mpls = -1
@@ -276,6 +277,26 @@ def link_walk(buf, p, end, linktype):
             return -1, -1, vlan, vlan2, mpls
         v = buf[p] >> 4
         et = 0x0800 if v == 4 else (0x86DD if v == 6 else -1)
+    elif linktype == 105:
+        # IEEE 802.11: a data frame carrying a body in the clear (not null data, not
+        # protected) with an LLC/SNAP header; any other frame has no network layer here
+        if p + 24 > end:
+            return -1, -1, vlan, vlan2, mpls
+        fc0 = buf[p]
+        fc1 = buf[p + 1]
+        if ((fc0 >> 2) & 3) != 2 or (fc0 >> 4) & 4 or fc1 & 0x40:
+            return -1, -1, vlan, vlan2, mpls
+        q = p + 24
+        if (fc1 & 3) == 3:  # to and from the distribution system: a fourth address
+            q += 6
+        if (fc0 >> 4) & 8:  # QoS data: QoS control, and HT control when Order is set
+            q += 2
+            if fc1 & 0x80:
+                q += 4
+        if q + 8 > end or buf[q] != 0xAA or buf[q + 1] != 0xAA or buf[q + 2] != 3:
+            return -1, -1, vlan, vlan2, mpls
+        et = _be16(buf, q + 6)
+        p = q + 8
     elif linktype == 0 or linktype == 108:
         if p + 4 > end:
             return -1, -1, vlan, vlan2, mpls

@@ -343,11 +343,12 @@ class LftaConfig(BaseModel):
 
 
 class SourceConfig(BaseModel):
-    """A source: a capture file (``pcap``, also pcapng), a Linux interface, or a UDP listener
-    of NetFlow v5/v9/IPFIX exports (``netflow``: the flows stream)."""
+    """A source: a capture file (``pcap``, also pcapng), a Linux interface, a UDP listener
+    of NetFlow v5/v9/IPFIX exports (``netflow``: the flows stream) or of sFlow v5 datagrams
+    (``sflow``: the samples and counters streams)."""
 
     model_config = ConfigDict(extra="forbid")
-    type: Literal["pcap", "interface", "netflow"] = "pcap"
+    type: Literal["pcap", "interface", "netflow", "sflow"] = "pcap"
     name: str = "sample"
     spool_full: Literal["block", "drop"] | None = Field(
         None, description="this source's policy when the spool is full (default: "
@@ -366,9 +367,10 @@ class SourceConfig(BaseModel):
     ring_blocks: int = Field(64, ge=2, le=1 << 16)
     skip_outgoing: bool = Field(False, description="leave out packets this host sends")
     promisc: bool = True
-    # type netflow
+    # type netflow (and sflow)
     listen: list[str] = Field(default_factory=lambda: ["0.0.0.0:2055", "0.0.0.0:4739"],
-                              description="HOST:PORT to receive exports on; [::]:PORT for IPv6")
+                              description="HOST:PORT to receive exports on; [::]:PORT for IPv6 "
+                              "(type sflow: default 0.0.0.0:6343)")
     rcvbuf: int = Field(32 << 20, ge=1 << 16, description="socket receive buffer (bytes)")
     sampling: dict[str, int] = Field(default_factory=dict, description="exporter address -> "
                                      "sampling interval, overriding what the exporter says")
@@ -389,7 +391,12 @@ class SourceConfig(BaseModel):
 
     @property
     def stream(self) -> str:
-        return "flows" if self.type == "netflow" else "packets"
+        """The stream of its engine (an sflow source also feeds ``counters``)."""
+        return {"netflow": "flows", "sflow": "samples"}.get(self.type, "packets")
+
+    @property
+    def listens(self) -> bool:
+        return self.type in ("netflow", "sflow")
 
     def spool_policy(self, default: str) -> str:
         """What this source does when the spool is full: its own ``spool_full``, else
@@ -407,7 +414,9 @@ class SourceConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> SourceConfig:
-        if self.type == "netflow":
+        if self.type == "sflow" and "listen" not in self.model_fields_set:
+            self.listen = ["0.0.0.0:6343"]
+        if self.listens:
             from capture.fields import fields
             from capture.listen import parse_address
             for a in self.listen:

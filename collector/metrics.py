@@ -161,7 +161,15 @@ class Metrics:
         self.flow_sequence_lost = Counter(
             "flowsieve_flow_sequence_lost",
             "Exported units missing by sequence number (records for v5 and IPFIX, datagrams "
-            "for v9)", ["source", "exporter"], registry=r)
+            "for v9 and sFlow)", ["source", "exporter"], registry=r)
+        self.sflow_samples = Counter(
+            "flowsieve_sflow_samples", "sFlow samples decoded, by kind (flow, counter)",
+            ["source", "kind"], registry=r)
+        self.sflow_samples_lost = Counter(
+            "flowsieve_sflow_samples_lost",
+            "sFlow flow samples missing by their data sources' sequence numbers (a datagram's "
+            "loss is flowsieve_flow_sequence_lost, in datagrams)", ["source", "agent"],
+            registry=r)
         self.flow_pending = Gauge("flowsieve_flow_pending_sets",
                                   "Data sets held until their template arrives", ["source"],
                                   registry=r)

@@ -156,6 +156,17 @@ def frame(v6: bool = False, vlans: tuple[int, ...] = ()) -> bytes:
     return ETH_DST + ETH_SRC + struct.pack(">H", et) + body
 
 
+def wifi_frame() -> bytes:
+    """An 802.11 QoS data frame to the distribution system: LLC/SNAP, IPv4, a TCP SYN."""
+    from scapy.all import LLC, SNAP, TCP, Dot11, Dot11QoS, raw
+    from scapy.layers.inet import IP
+    return raw(Dot11(type=2, subtype=8, FCfield=1, addr1="02:00:00:00:00:01",
+                     addr2="02:00:00:00:00:02", addr3="02:00:00:00:00:03") / Dot11QoS() /
+               LLC(dsap=0xAA, ssap=0xAA, ctrl=3) / SNAP(OUI=0, code=0x0800) /
+               IP(src="198.51.100.20", dst="203.0.113.30", ttl=50) /
+               TCP(sport=8443, dport=40000, flags="S"))
+
+
 def every_structure(tmp_path: Path) -> Path:
     """Datagrams of every structure the vendors' captures lack."""
     generic = {n: 1000 + i for i, n in enumerate(GENERIC)}
@@ -192,6 +203,9 @@ def every_structure(tmp_path: Path) -> Path:
                 raw_header(bytes(dpkt.ip.IP(src=bytes([10, 0, 0, 1]), dst=bytes([10, 0, 0, 2]),
                                               p=17, data=dpkt.udp.UDP(sport=1, dport=2))),
                              protocol=11, stripped=0)])]),
+        datagram("192.0.2.11", 0, 2, 1_010, [
+            flow_sample(2, (0, 2), 1, 2, 0, (0, 1), (0, 2), [
+                raw_header(wifi_frame(), protocol=15, stripped=4)])]),
     ]
     return udp_pcap(tmp_path / "structures.pcap", dgs)
 

@@ -160,6 +160,9 @@ def _packet(tree: dict) -> dict:
         if len(vlans) > 1:
             r["vlan_inner"] = int(vlans[1]["vlan.id"])
             r["eth_type"] = _int(vlans[1]["vlan.etype"])
+    llc = _first(tree.get("llc"))
+    if llc and "llc.type" in llc:  # 802.11's LLC/SNAP
+        r["eth_type"] = _int(llc["llc.type"])
     ip, ip6 = _first(tree.get("ip")), _first(tree.get("ipv6"))
     outer_v6 = ip6 is not None and (ip is None or list(tree).index("ipv6") < list(tree).index("ip"))
     if ip is not None and not outer_v6:

@@ -197,7 +197,8 @@ class SflowDecoder:
         per: dict[tuple[int, int], dict] = {}
         for (a, sub, _), row in self.datagrams.rows():
             per[(a, sub)] = {
-                "agent": self.agent_names[a], "sub_agent": sub, "protocol": "sflow",
+                "exporter": self.agent_names[a], "agent": self.agent_names[a],
+                "sub_agent": sub, "protocol": "sflow",
                 "datagrams": int(row[Q_COUNT]), "last_seen_ns": int(row[Q_LAST_NS]) or None,
                 "uptime_ms": int(row[Q_UPTIME]),
                 "sequence": {"next": int(row[Q_NEXT]), "lost": int(row[Q_LOST]),

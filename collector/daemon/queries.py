@@ -107,7 +107,7 @@ class QueryService:
         """Tuples each recent plan version processed, by source, newest version first: every
         batch is processed under one version whole, so these add up to the tuples read."""
         out: dict[int, dict[str, int]] = {}
-        for src, e in zip(self.settings.sources, self.engines, strict=True):
+        for src, e in zip(self.sources, self.engines, strict=True):
             for v, n in list(e.version_tuples.items()):
                 out.setdefault(v, {})[src.name] = n
         return [{"version": v, "tuples": out[v]} for v in sorted(out, reverse=True)]

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from collector.config import Settings
+from collector.config import Settings, SourceConfig
 from collector.daemon.alerts.service import AlertService
 from collector.daemon.alerts.store import AlertStore
 from collector.daemon.cluster import (
@@ -99,17 +99,23 @@ class Collector(QueryService, Supervision):
                 self.registry.add(q.name, q.text)
                 if rule is not None:
                     self.alerts.set_rule(q, rule)
-        self.sources: list[Source] = [
-            make_source(c, s.batch_size, stats_callback(self.metrics, c), s.var_dir)
-            for c in s.sources]
-        self.engines = [Engine(self.spool, c.stream, self.metrics, s.probe,
-                               s.spark.watermark_delay_s, self.meter, s.asc, s.lfta,
-                               self.sampler, source=c.name,
+        # a source per configured one, and an sFlow listener's counters feed after it: each
+        # runs its own engine (the feed's stream is counters)
+        fed: list[tuple[SourceConfig, Source]] = []
+        for c in s.sources:
+            src = make_source(c, s.batch_size, stats_callback(self.metrics, c), s.var_dir)
+            fed.append((c, src))
+            if hasattr(src, "counters"):
+                fed.append((c, src.counters))
+        self.sources: list[Source] = [src for _, src in fed]
+        self.engines = [Engine(self.spool, getattr(src, "stream", c.stream), self.metrics,
+                               s.probe, s.spark.watermark_delay_s, self.meter, s.asc, s.lfta,
+                               self.sampler, source=src.name,
                                spool_policy=c.spool_policy(s.spool.policy), stop=self._stop,
-                               waiting=self.metrics.spool_wait.labels(c.name).inc,
+                               waiting=self.metrics.spool_wait.labels(src.name).inc,
                                checkpoint=self._checkpoint(src), commit_s=s.spool.commit_s,
                                residual=s.residual, om=s.om)
-                        for c, src in zip(s.sources, self.sources, strict=True)]
+                        for c, src in fed]
         self.alignment = self._alignment()
         self.rebuild()
         freeze_startup_heap()

@@ -23,7 +23,7 @@ class Totals:
 
 def stats_callback(metrics: Metrics, cfg):
     """The callback a source reports its cumulative statistics to, as counters."""
-    return listener_stats(metrics, cfg.name) if cfg.type == "netflow" else \
+    return listener_stats(metrics, cfg.name) if cfg.listens else \
         kernel_stats(metrics, cfg.name)
 
 
@@ -54,8 +54,9 @@ def kernel_stats(metrics: Metrics, name: str):
 
 
 class FlowCounters:
-    """A flow source's decoder counters (errors by reason, sequence loss per exporter, sets
-    pending a template) as metric increments, after each batch."""
+    """A flow or sFlow source's decoder counters (errors by reason, sequence loss per exporter
+    or agent, sets pending a template, sFlow samples decoded and lost) as metric increments,
+    after each batch."""
 
     def __init__(self, metrics: Metrics):
         self.metrics = metrics
@@ -64,9 +65,23 @@ class FlowCounters:
     def update(self, src) -> None:
         totals = self._totals.setdefault(src.name, Totals())
         dec, m = src.decoder, self.metrics
-        for reason, n in list(dec.errors.items()):
+        errors = getattr(dec, "all_errors", dec.errors)  # sFlow's: with what it skipped
+        for reason, n in list(errors.items()):
             totals.add(m.decode_errors.labels(src.name, reason), reason, n)
+        flow = counter = 0
         for st in dec.streams():
-            totals.add(m.flow_sequence_lost.labels(src.name, st["exporter"]),
-                       ("lost", st["exporter"]), st["sequence"]["lost"])
-        m.flow_pending.labels(src.name).set(dec.pending_sets)
+            # an exporter's streams (v9/IPFIX domains, sFlow sub-agents) add to its counter
+            key = (st["exporter"], st.get("version"), st.get("observation_domain"),
+                   st.get("sub_agent"))
+            totals.add(m.flow_sequence_lost.labels(src.name, st["exporter"]), ("lost", key),
+                       st["sequence"]["lost"])
+            if st.get("protocol") == "sflow":
+                totals.add(m.sflow_samples_lost.labels(src.name, st["exporter"]),
+                           ("samples lost", key), st["samples"]["lost"])
+                flow += st["samples"]["flow"]
+                counter += st["samples"]["counter"]
+        if hasattr(dec, "pending_sets"):
+            m.flow_pending.labels(src.name).set(dec.pending_sets)
+        else:
+            totals.add(m.sflow_samples.labels(src.name, "flow"), "flow samples", flow)
+            totals.add(m.sflow_samples.labels(src.name, "counter"), "counter samples", counter)

@@ -18,6 +18,7 @@ from capture.live import LiveCapture, RingConfig
 from capture.netflow import Decoder, FlowBatch, TemplateStore
 from capture.pcap import open_capture
 from capture.records import RawBatch
+from capture.sflow import CounterBatch, SflowBatch, SflowDecoder
 
 
 class Source(Protocol):
@@ -299,35 +300,26 @@ class InterfaceSource:
                 self.on_stats(self.capture.kernel)
 
 
-class FlowSource:
-    """A UDP listener of NetFlow v5/v9/IPFIX exports and its decoder: yields FlowBatches.
-    Templates and options sampling are saved to ``state_path`` whenever they change and loaded
-    at start, so a restart decodes data whose templates came before it."""
+class ListenerSource:
+    """A UDP listener of flow exports and its decoder (``decode`` of a subclass turns each
+    batch of datagrams into what it yields). Durable when it has a state folder: its position
+    is the next sequence number of every export stream, committed with what it spooled;
+    exporters resend nothing, so after a restart the gap at each stream's next export counts
+    (``flowsieve_flow_sequence_lost``) what the restart lost."""
 
     restamp = True  # live time: heartbeats close windows when exports stop
-    stream = "flows"
 
-    def __init__(self, cfg, state_path: str | None = None, on_stats=None,
-                 batch_bytes: int = 4 << 20):
+    def __init__(self, cfg, decoder, durable: bool, on_stats=None, batch_bytes: int = 4 << 20):
         self.name = cfg.name
-        self.state_path = state_path
-        store = TemplateStore(cfg.enterprise_map())
-        if state_path:
-            store.load(state_path)
-        self.decoder = Decoder(store, sampling_override=cfg.sampling,
-                               default_sampling_interval=cfg.default_sampling_interval,
-                               pending_max_bytes=cfg.pending_max_bytes,
-                               pending_ttl_s=cfg.pending_ttl_s)
+        self.decoder = decoder
         self.listener = FlowListener(cfg.listen, cfg.rcvbuf, batch_bytes)
         self.on_stats = on_stats
         self.lock = threading.Lock()  # the API reads decoder state
+        self._durable = durable
 
     @property
     def durable(self) -> bool:
-        """Its position is the next sequence number of every export stream, committed with
-        what it spooled: exporters resend nothing, so after a restart the gap at each stream's
-        next export counts (``flowsieve_flow_sequence_lost``) what the restart lost."""
-        return self.state_path is not None
+        return self._durable
 
     def position(self) -> dict:
         with self.lock:
@@ -343,26 +335,124 @@ class FlowSource:
         if not self.listener.socks:
             self.listener.open()
 
-    def batches(self, stop: threading.Event) -> Iterator[FlowBatch | None]:
+    def decode(self, dg):
+        raise NotImplementedError
+
+    def tick(self) -> None:
+        """The listener is quiet (nothing received for a moment)."""
+
+    def closing(self) -> None:
+        """The listener closes."""
+
+    def batches(self, stop: threading.Event) -> Iterator:
         self.open()
         try:
             for dg in self.listener.batches(stop):
                 if self.on_stats is not None:
                     self.on_stats(self.listener.stats)
                 if dg is None:
+                    self.tick()
                     yield None
                     continue
                 with self.lock:
-                    fb = self.decoder.decode(dg)
-                    if self.state_path and self.decoder.store.dirty:
-                        self.decoder.store.save(self.state_path)
-                yield fb
+                    batch = self.decode(dg)
+                yield batch
         finally:
+            self.closing()
             self.listener.close()
 
     def exporters(self) -> list[dict]:
         with self.lock:
             return self.decoder.streams()
+
+
+class FlowSource(ListenerSource):
+    """A UDP listener of NetFlow v5/v9/IPFIX exports and its decoder: yields FlowBatches.
+    Templates and options sampling are saved to ``state_path`` whenever they change and loaded
+    at start, so a restart decodes data whose templates came before it."""
+
+    stream = "flows"
+
+    def __init__(self, cfg, state_path: str | None = None, on_stats=None,
+                 batch_bytes: int = 4 << 20):
+        self.state_path = state_path
+        store = TemplateStore(cfg.enterprise_map())
+        if state_path:
+            store.load(state_path)
+        super().__init__(cfg, Decoder(store, sampling_override=cfg.sampling,
+                                      default_sampling_interval=cfg.default_sampling_interval,
+                                      pending_max_bytes=cfg.pending_max_bytes,
+                                      pending_ttl_s=cfg.pending_ttl_s),
+                         state_path is not None, on_stats, batch_bytes)
+
+    def decode(self, dg) -> FlowBatch:
+        fb = self.decoder.decode(dg)
+        if self.state_path and self.decoder.store.dirty:
+            self.decoder.store.save(self.state_path)
+        return fb
+
+
+class SflowSource(ListenerSource):
+    """A UDP listener of sFlow v5 datagrams and its decoder: yields the flow samples
+    (``SflowBatch``: the samples stream, unpacked by its engine with the plan's fields) and
+    hands each batch's counter samples to its ``counters`` feed (the counters stream's
+    source). Durable as a NetFlow listener is: its sequences are each agent's datagrams' and
+    each data source's samples' (an agent that restarted meanwhile loses nothing)."""
+
+    stream = "samples"
+
+    def __init__(self, cfg, durable: bool = False, on_stats=None, batch_bytes: int = 4 << 20):
+        super().__init__(cfg, SflowDecoder(), durable, on_stats, batch_bytes)
+        self.counters = CountersFeed(f"{cfg.name}-counters")
+
+    def decode(self, dg) -> SflowBatch:
+        batch = self.decoder.decode(dg)
+        self.counters.put(batch.counters())
+        return batch
+
+    def tick(self) -> None:
+        self.counters.put(None)
+
+    def closing(self) -> None:
+        self.counters.put(CountersFeed.END)
+
+
+class CountersFeed:
+    """The counters stream of an sFlow listener: the counter samples its thread decoded, in
+    order, through a bounded queue (a full one drops the batch, counted in ``dropped``).
+    Counters are totals since the agent started: a dropped or lost counter sample costs
+    resolution, never a count; the feed is not durable (a clean stop flushes it)."""
+
+    restamp = True
+    stream = "counters"
+    END = object()
+
+    def __init__(self, name: str, depth: int = 256):
+        self.name = name
+        self._q: queue.Queue = queue.Queue(depth)
+        self.dropped = 0
+
+    def put(self, item) -> None:
+        if item is not None and item is not self.END and not len(item):
+            return
+        try:
+            self._q.put_nowait(item)
+        except queue.Full:
+            if item is self.END:
+                self._q.put(item)
+            elif item is not None:
+                self.dropped += len(item)
+
+    def batches(self, stop: threading.Event) -> Iterator[CounterBatch | None]:
+        while not stop.is_set():
+            try:
+                item = self._q.get(timeout=0.5)
+            except queue.Empty:
+                yield None
+                continue
+            if item is self.END:
+                return
+            yield item
 
 
 @source_type("pcap")
@@ -382,6 +472,11 @@ def _interface_source(cfg, batch_size: int, on_stats=None, var_dir=None) -> Sour
 def _netflow_source(cfg, batch_size: int, on_stats=None, var_dir=None) -> Source:
     state = None if var_dir is None else str(Path(var_dir) / f"flow-templates-{cfg.name}.json")
     return FlowSource(cfg, state, on_stats)
+
+
+@source_type("sflow")
+def _sflow_source(cfg, batch_size: int, on_stats=None, var_dir=None) -> Source:
+    return SflowSource(cfg, var_dir is not None, on_stats)
 
 
 def make_source(cfg, batch_size: int, on_stats=None, var_dir=None) -> Source:

@@ -114,8 +114,8 @@ class Supervision:
         ``flowsieve_spark_late_rows_total``)."""
         own = [src.name for src in self.sources
                if isinstance(src, PcapFileSource) and not src.restamp]
-        live = [c.name for c, src in zip(self.settings.sources, self.sources, strict=True)
-                if c.stream == "packets" and src.restamp]
+        live = [e.source for e, src in zip(self.engines, self.sources, strict=True)
+                if e.stream == "packets" and src.restamp]
         if own and live:
             log.warning("sources %s read files with their own times beside live sources %s: "
                         "the live windows close before the files' older tuples come, and "

@@ -29,7 +29,9 @@ def test_generated_datagrams_equal_tshark(tmp_path):
     communities, a raw IPv4 header, a truncated IPv6 header; unknown records and samples
     skipped and counted."""
     flows, counters = assert_equal_tshark(g.every_structure(tmp_path))
-    assert len(flows) == 5 and len(counters) == 2
+    assert len(flows) == 6 and len(counters) == 2
+    assert (flows[5]["eth_type"], flows[5]["dst_port"], flows[5]["tcp_flags"]) == \
+        (0x0800, 40000, 0x02)  # the 802.11 data frame's LLC/SNAP, IPv4, TCP SYN
     _, _, dec = decoded(tmp_path / "structures.pcap")
     assert dec.all_errors == {"sflow_unknown_flow_record": 1, "sflow_unknown_sample": 1}
     # by hand: the path of two segments, its ends, the first community
