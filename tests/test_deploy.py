@@ -19,6 +19,7 @@ import pytest
 
 from api.cli import CliError, check_exposure
 from capture.netflow import DEFAULT_FLOW_PORTS
+from capture.sflow import DEFAULT_SFLOW_PORTS
 from collector.config import load_settings
 from tests.helpers import need
 from tests.processes import v5_now
@@ -49,7 +50,7 @@ def test_image_runs_unprivileged_and_exposes_the_collector_ports():
     assert users and users[-1].split(":")[0] not in ("root", "0")
     exposed = {p for line in re.findall(r"^EXPOSE (.+)$", text, re.M) for p in line.split()}
     assert "8080/tcp" in exposed
-    assert {f"{p}/udp" for p in DEFAULT_FLOW_PORTS} <= exposed
+    assert {f"{p}/udp" for p in (*DEFAULT_FLOW_PORTS, *DEFAULT_SFLOW_PORTS)} <= exposed
     assert re.search(r"^HEALTHCHECK .*\n?.*/readyz", text, re.M)  # not /healthz: ready
     assert "NUMBA_CACHE_DIR" in text
     ignored = (ROOT / ".dockerignore").read_text().split()
@@ -231,8 +232,9 @@ def test_the_containers_command_line(tmp_path):
         flow_port = s.getsockname()[1]
     doc["var_dir"] = str(tmp_path / "var")
     doc["api"]["port"] = port
-    assert [src["type"] for src in doc["sources"]] == ["netflow"]
+    assert [src["type"] for src in doc["sources"]] == ["netflow", "sflow"]
     doc["sources"][0]["listen"] = [f"127.0.0.1:{flow_port}"]
+    doc["sources"][1]["listen"] = [f"127.0.0.1:{free_port()}"]  # the switches' sFlow
     doc["spark"] = {**doc.get("spark", {}), "master": "local[2]", "driver_memory": "1g",
                     "shuffle_partitions": 2, "trigger_s": 1}
     cfg = tmp_path / "config.yaml"
@@ -398,7 +400,7 @@ def test_compose_names_only_what_the_image_has(monkeypatch, tmp_path):
     assert f"{settings.api.port}" in published
     listen = {f"{a.rsplit(':', 1)[1]}/udp" for s in settings.sources for a in s.listen}
     assert listen == {p for p in published if p.endswith("/udp")} == \
-        {f"{p}/udp" for p in DEFAULT_FLOW_PORTS}
+        {f"{p}/udp" for p in (*DEFAULT_FLOW_PORTS, *DEFAULT_SFLOW_PORTS)}
     master = urlsplit(settings.spark.master)
     assert master.scheme == "spark" and master.hostname in services
     assert settings.spark.extra["spark.driver.host"] == "flowsieve"

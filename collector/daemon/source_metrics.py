@@ -83,5 +83,9 @@ class FlowCounters:
         if hasattr(dec, "pending_sets"):
             m.flow_pending.labels(src.name).set(dec.pending_sets)
         else:
+            feed = getattr(src, "counters", None)  # sFlow: its counters stream's queue full
+            if feed is not None:
+                totals.add(m.decode_errors.labels(src.name, "sflow_counters_queue_full"),
+                           "counters queue full", feed.dropped)
             totals.add(m.sflow_samples.labels(src.name, "flow"), "flow samples", flow)
             totals.add(m.sflow_samples.labels(src.name, "counter"), "counter samples", counter)
