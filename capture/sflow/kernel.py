@@ -118,6 +118,16 @@ def _address(buf, p, end, out, row):
 
 
 @kernel_inline
+def _data_source(buf, s, expanded):
+    """A sample's data source after its sequence number at ``s``: (type, index, offset of what
+    follows); the compact form packs them in one word (8 bits of type, 24 of index)."""
+    if expanded:
+        return _be32(buf, s + 4), _be32(buf, s + 8), s + 12
+    src = _be32(buf, s + 4)
+    return src >> 24, src & 0xFFFFFF, s + 8
+
+
+@kernel_inline
 def _header(buf, offset, length, d):
     """(agent type, offset of the sub-agent id) of datagram ``d``, or (-reason, 0)."""
     p = offset[d]
@@ -380,15 +390,7 @@ def decode_sflow(buf, offset, length, dg, agent, fs, fips, fipset, cs, skipped):
                     fipset[c, nf] = False
                 fs[F_DG, nf] = d
                 fs[F_SEQ, nf] = _be32(buf, s)
-                if exp:
-                    fs[F_STYPE, nf] = _be32(buf, s + 4)
-                    fs[F_SID, nf] = _be32(buf, s + 8)
-                    a = s + 12
-                else:
-                    src = _be32(buf, s + 4)
-                    fs[F_STYPE, nf] = src >> 24
-                    fs[F_SID, nf] = src & 0xFFFFFF
-                    a = s + 8
+                fs[F_STYPE, nf], fs[F_SID, nf], a = _data_source(buf, s, exp)
                 fs[F_RATE, nf] = _be32(buf, a)
                 fs[F_POOL, nf] = _be32(buf, a + 4)
                 fs[F_DROPS, nf] = _be32(buf, a + 8)
@@ -420,15 +422,7 @@ def decode_sflow(buf, offset, length, dg, agent, fs, fips, fipset, cs, skipped):
                     cs[c, nc] = -1
                 cs[C_DG, nc] = d
                 cs[C_SEQ, nc] = _be32(buf, s)
-                if exp:
-                    cs[C_STYPE, nc] = _be32(buf, s + 4)
-                    cs[C_SID, nc] = _be32(buf, s + 8)
-                    a = s + 12
-                else:
-                    src = _be32(buf, s + 4)
-                    cs[C_STYPE, nc] = src >> 24
-                    cs[C_SID, nc] = src & 0xFFFFFF
-                    a = s + 8
+                cs[C_STYPE, nc], cs[C_SID, nc], a = _data_source(buf, s, exp)
                 nrec = _be32(buf, a)
                 if not _counter_records(buf, a + 4, se, nrec, cs, nc, skips):
                     status = E_SAMPLE_LENGTH
