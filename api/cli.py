@@ -25,8 +25,20 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from capture import enrich
 from capture.errors import CaptureError
-from capture.fields import BYTES, IP, STREAMS, TS, fields, ip_text
+from capture.fields import (
+    BYTES,
+    CODE,
+    IP,
+    STREAMS,
+    TS,
+    decoded_fields,
+    enriched,
+    enrichment_inputs,
+    fields,
+    ip_text,
+)
 from capture.netflow import DEFAULT_FLOW_PORTS
 from capture.sflow import DEFAULT_SFLOW_PORTS
 from collector.pipeline.spool import SpoolFull
@@ -134,7 +146,9 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--sflow-ports", type=_ports, default=list(DEFAULT_SFLOW_PORTS),
                    help=SFLOW_PORTS_HELP)
     d.add_argument("--fields", help="comma-separated catalogue fields (default: all but "
-                   "payload, which prints as hex when named; see flowsieve fields)")
+                   "payload, which prints as hex when named, and the enrichment fields, which "
+                   "need --config's enrich databases; see flowsieve fields)")
+    d.add_argument("--config", help=CONFIG_HELP + "; its enrich section applies")
     d.add_argument("--format", choices=("csv", "json", "parquet"), default="csv",
                    help="csv with a header row, one JSON object per line, or Parquet (a row "
                    "group per batch read; addresses as text, ts in ns; default csv)")
@@ -347,15 +361,17 @@ def _measure(plan, capture: str, residual=None):
 def _tables(settings, queries=()) -> None:
     """Load the configured prefix tables and user predicates (a bad file or reference is a
     one-line error) and check that the queries name only those."""
-    from collector.pipeline import prefix_tables, user_predicates
+    from collector.pipeline import enrichment, prefix_tables, user_predicates
     try:
         prefix_tables.configure(settings.tables)
         user_predicates.configure(settings.predicates)
+        enrichment.configure(settings.enrich)
     except ValueError as e:
         raise CliError(str(e)) from None
     for q in queries:
         prefix_tables.check(q)
         user_predicates.check(q)
+        enrichment.check(q)
 
 
 def cmd_plan(args) -> int:
@@ -398,12 +414,17 @@ def cmd_plan(args) -> int:
 
 def cmd_fields(args) -> int:
     streams = STREAMS if args.stream == "all" else (args.stream,)
-    rows = [(s, f.name, f.kind, "group" if f.groupable else "",
-             "measure" if f.measure else "", f.doc)
+
+    def meaning(s: str, f) -> str:  # an enrichment field: where its value comes from
+        e = enriched(s).get(f.name)
+        return f"{f.doc}; from {e.describe()}" if e else f.doc
+    rows = [(s, f.name, "text" if f.kind == CODE else f.kind, "group" if f.groupable else "",
+             "measure" if f.measure else "", meaning(s, f))
             for s in streams for f in fields(s).values()]
     if args.format == "json":
         print(json.dumps([{"stream": s, "name": n, "type": k, "groupable": bool(g),
-                           "measure": bool(m), "meaning": doc}
+                           "measure": bool(m), "meaning": doc,
+                           "enrichment": n in enriched(s)}
                           for s, n, k, g, m, doc in rows], indent=2))
         return 0
     head = ("stream", "field", "type", "group by", "measure", "meaning")
@@ -438,9 +459,9 @@ def _write_rows(out, writer, names: list[str], kinds: list[str], cols: list[list
 
 
 def _field_names(stream: str, text: str | None) -> list[str]:
-    cat = fields(stream)  # by default every field but the payload bytes (ask for them)
-    names = [n for n, f in cat.items() if f.kind != BYTES] if not text else \
-        [f.strip() for f in text.split(",")]
+    cat = fields(stream)  # by default every decoded field but the payload bytes (ask for them)
+    names = [n for n, f in decoded_fields(stream).items() if f.kind != BYTES] if not text \
+        else [f.strip() for f in text.split(",")]
     bad = [n for n in names if n not in cat]
     if bad:
         raise CliError(f"unknown {stream} field {bad[0]!r} (fields: {', '.join(cat)})")
@@ -516,7 +537,7 @@ class _DecodeOutput:
             cols = [batch.ts_ns.tolist() if n == "ts" else batch.arrow(n).to_pylist()
                     for n in self.names]
         else:  # flow records: integers (times in ns) as the decoder holds them
-            cols = [batch.arrow(n).to_pylist() if k == IP else
+            cols = [batch.arrow(n).to_pylist() if k in (IP, CODE) else
                     [None if v < 0 else int(v) for v in batch.column(n)]
                     for n, k in zip(self.names, self.kinds, strict=True)]
         _write_rows(self.out, self.csv, self.names, self.kinds, cols)
@@ -543,6 +564,18 @@ def cmd_decode(args) -> int:
     stream = args.stream
     names = _field_names(stream, args.fields)
     check_capture(args.capture)
+    extra = [n for n in names if n in enriched(stream)]
+    if extra:  # looked up in the configured databases, from the fields they need
+        from collector.pipeline import enrichment
+        try:
+            enrichment.configure(_settings(args.config).enrich)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        missing = enrich.missing(stream, extra)
+        if missing:
+            raise CliError(f"{missing[0][0]} needs an enrichment database: set "
+                           f"enrich.{missing[0][1]} in --config's file")
+    need = sorted(set(names) | enrichment_inputs(stream, extra))
     progress = Progress(f"decode {stream}", _file_size(args.capture))
     decoder = Decoder() if stream == "flows" else SflowDecoder() if stream in (
         "samples", "counters") else None
@@ -552,13 +585,15 @@ def cmd_decode(args) -> int:
     try:
         t0, records = time.monotonic(), 0
         if stream == "packets":
-            batches = (unpack(raw, names) for raw in reader)
+            batches = (unpack(raw, need) for raw in reader)
         elif stream == "flows":
             batches = capture_flows(reader, args.flow_ports, decoder)
         else:
-            batches = (b.samples(names) if stream == "samples" else b.counters()
+            batches = (b.samples(need) if stream == "samples" else b.counters()
                        for b in capture_sflow(reader, args.sflow_ports, decoder))
         for batch in batches:
+            if extra:
+                batch = enrich.current().apply(batch, extra)
             output.write(batch)
             records += len(batch)
             progress.update(f"decode {stream}", reader.stats.bytes, records,

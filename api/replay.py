@@ -24,7 +24,7 @@ from collector.daemon.process import freeze_startup_heap, no_huge_pages
 from collector.daemon.results import read_results
 from collector.daemon.sources import ahead
 from collector.metrics import Metrics
-from collector.pipeline import prefix_tables, user_predicates
+from collector.pipeline import enrichment, prefix_tables, user_predicates
 from collector.pipeline.engine import Engine
 from collector.pipeline.sampling import TupleSampler
 from collector.pipeline.selectivity import SelectivityMeter
@@ -247,9 +247,11 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     settings = settings or Settings()
     prefix_tables.configure(settings.tables)
     user_predicates.configure(settings.predicates)
+    enrichment.configure(settings.enrich)
     for q in queries:
         prefix_tables.check(q)
         user_predicates.check(q)
+        enrichment.check(q)
     batch_size = settings.batch_size
     watermark_delay_s = settings.spark.watermark_delay_s
     report = progress or (lambda stage, n: None)

@@ -16,7 +16,9 @@ import pyarrow as pa
 
 from capture.fields import (
     BYTES,
+    ENRICHED_NAMES,
     IP,
+    NULL_INT,
     PACKET_INT_INDEX,
     SKETCH,
     STRING,
@@ -86,6 +88,8 @@ class TupleBatch:
         base, bits = key_field(name)
         if bits is not None:  # an address prefix key (src_ip/24)
             return mask_addresses(self.column(base), bits)
+        if name in ENRICHED_NAMES:  # not enriched (capture/enrich/)
+            return np.full(len(self), NULL_INT, np.int64)
         if name in _IP_FIELDS:  # not unpacked for this plan
             return np.zeros((len(self), 16), np.uint8)
         return self.ints[PACKET_INT_INDEX[name]]
@@ -107,6 +111,8 @@ class TupleBatch:
         if key_field(name)[1] is not None:
             return ip_arrow(self.column(name), self.ip_valid(name))
         f = fields(self.stream)[name]
+        if name in ENRICHED_NAMES:
+            return pa.nulls(len(self), f.arrow_type)
         if f.kind in (STRING, BYTES):  # not unpacked for this plan: NULL
             return self.strings.get(name, pa.nulls(len(self), f.arrow_type))
         if f.kind == TS:

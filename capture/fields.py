@@ -14,6 +14,10 @@ import pyarrow as pa
 
 # Kinds: how a field is held in numba (column) and in Arrow/Spark.
 INT32, INT64, IP, TS, STRING, BYTES = "int32", "int64", "ip", "ts", "string", "bytes"
+# text held as an integer code (a country's two letters): an integer through the pipeline, the
+# text in answers; the code is a function of the text alone (``code_of``), so it is the same
+# on every probe and after every reload of a database
+CODE = "code"
 
 # NULL in an integer column of a TupleBatch: every catalogue integer is non-negative.
 NULL_INT = -1
@@ -25,6 +29,7 @@ ARROW_TYPES = {
     TS: pa.timestamp("us", tz="UTC"),
     STRING: pa.string(),
     BYTES: pa.binary(),
+    CODE: pa.string(),
 }
 
 
@@ -272,12 +277,111 @@ GROUP_BASE: dict[str, float] = {
     "flow": 0, "sflow": 0,
 }
 
+
+
+@dataclass(frozen=True)
+class Enriched:
+    """Where an enrichment field comes from (capture/enrich/): an attribute of the database
+    configured as ``enrich.<database>``, looked up by ``address``; ``exported``: the field of
+    the same meaning an exporter may send, which takes precedence by ``enrich.asn_precedence``."""
+
+    database: str
+    attribute: str
+    address: str
+    exported: str | None = None
+
+    def describe(self) -> str:
+        text = f"enrich.{self.database} ({self.attribute}) of {self.address}"
+        return f"{self.exported} as exported, else {text}" if self.exported else text
+
+
+# enrichment fields: computed after unpack for the fields a plan reads, then ordinary fields
+ENRICHED: dict[str, dict[str, Enriched]] = {}
+
+
+def _enriched(stream: str, exported: bool) -> tuple[Field, ...]:
+    out = []
+    table = ENRICHED.setdefault(stream, {})
+    for side, word in (("src", "source"), ("dst", "destination")):
+        addr = f"{side}_ip"
+        table[f"{side}_asn"] = Enriched("asn", "asn", addr, f"{side}_as" if exported else None)
+        out.append(Field(f"{side}_asn", stream, INT64, "enrich", 6, 6, True, False,
+                         f"{word} AS number" + (" (enrich.asn_precedence)" if exported else "")))
+        table[f"{side}_country"] = Enriched("country", "country", addr)
+        out.append(Field(f"{side}_country", stream, CODE, "enrich", 6, 6, True, False,
+                         f"{word} country: ISO 3166-1 alpha-2 code ('NL')", values=1 << 16))
+    return tuple(out)
+
+
 STREAMS: dict[str, dict[str, Field]] = {
-    P: {f.name: f for f in PACKET_FIELDS},
-    F: {f.name: f for f in FLOW_FIELDS},
-    S: {f.name: f for f in SAMPLE_FIELDS},
+    P: {f.name: f for f in PACKET_FIELDS + _enriched(P, False)},
+    F: {f.name: f for f in FLOW_FIELDS + _enriched(F, True)},
+    S: {f.name: f for f in SAMPLE_FIELDS + _enriched(S, True)},
     C: {f.name: f for f in COUNTER_FIELDS},
 }
+
+
+# the names of enrichment fields (a name means the same in every stream it is in): a batch that
+# was not enriched holds them as NULL
+ENRICHED_NAMES = frozenset(n for table in ENRICHED.values() for n in table)
+
+
+def decoded_fields(stream: str) -> dict[str, Field]:
+    """A stream's fields its decoder or unpack kernel writes: all but the enrichment fields."""
+    return {n: f for n, f in fields(stream).items() if n not in ENRICHED_NAMES}
+
+
+def enriched(stream: str) -> dict[str, Enriched]:
+    """A stream's enrichment fields and where each comes from."""
+    return ENRICHED.get(stream, {})
+
+
+def enrichment_inputs(stream: str, names) -> set[str]:
+    """The fields enrichment fields among ``names`` are computed from."""
+    table = enriched(stream)
+    out: set[str] = set()
+    for n in names:
+        e = table.get(n)
+        if e is not None:
+            out.add(e.address)
+            if e.exported:
+                out.add(e.exported)
+    return out
+
+
+# -- codes of text fields (CODE): a country's two letters as one 16-bit number, 'NL' = 0x4E4C
+def code_of(text: str) -> int:
+    """The code of a country code (two ASCII letters, any case); ValueError otherwise."""
+    t = text.strip().upper()
+    if len(t) != 2 or not (t.isascii() and t.isalpha()):
+        raise ValueError(f"{text!r} is not a two-letter country code")
+    return ord(t[0]) << 8 | ord(t[1])
+
+
+def code_text(code: int) -> str:
+    return chr(code >> 8 & 0xFF) + chr(code & 0xFF)
+
+
+# the names of CODE fields (a name has one kind in every stream it is in)
+CODE_FIELDS = frozenset(f.name for s in STREAMS.values() for f in s.values() if f.kind == CODE)
+
+
+def code_texts(codes: np.ndarray) -> pa.Array:
+    """Codes (-1 NULL) as their text, without a Python loop."""
+    codes = np.asarray(codes, np.int64)
+    valid = codes >= 0
+    n = len(codes)
+    chars = np.empty((n, 2), np.uint8)
+    chars[:, 0] = (codes >> 8) & 0xFF
+    chars[:, 1] = codes & 0xFF
+    lens = np.where(valid, 2, 0)
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lens, out=offsets[1:])
+    data = chars[valid].reshape(-1)
+    return pa.Array.from_buffers(
+        pa.string(), n, [None if valid.all() else pa.array(valid).buffers()[1],
+                         pa.py_buffer(offsets.tobytes()), pa.py_buffer(data.tobytes())],
+        null_count=int((~valid).sum()))
 
 
 def fields(stream: str) -> dict[str, Field]:

@@ -19,9 +19,10 @@ import pyarrow as pa
 from capture.batch import TupleBatch, validity_buffer
 from capture.fields import (
     NULL_INT,
+    PACKET_FIELDS,
     PACKET_INT_FIELDS,
     PACKET_INT_INDEX,
-    fields,
+    enriched,
 )
 from capture.jit import kernel, kernel_inline
 from capture.records import PREFETCH, touch_ahead
@@ -480,7 +481,8 @@ def unpack_packets(buf, offset, caplen, wirelen, linktypes, ifaces, want, want_s
     return sink
 
 
-_GROUP_OF = {f.name: f.group for f in fields("packets").values()}
+_GROUP_OF = {f.name: f.group for f in PACKET_FIELDS}
+_ENRICHED = frozenset(enriched("packets"))  # computed after unpack (capture/enrich/)
 _ALL_FIELDS = frozenset(_GROUP_OF)
 _IP_DEEP = {"ip", "l4", "dns", "dns_name", "dns_an", "payload"}
 _L4_DEEP = {"l4", "dns", "dns_name", "dns_an", "payload"}
@@ -488,9 +490,10 @@ _L4_DEEP = {"l4", "dns", "dns_name", "dns_an", "payload"}
 
 def unpack(raw, want: Iterable[str] | None = None) -> TupleBatch:
     """Unpack a RawBatch; ``want`` (catalogue field names, default all) is what the plan's unpack
-    groups extract: other columns stay NULL and layers below them are not decoded."""
+    groups extract: other columns stay NULL and layers below them are not decoded. Enrichment
+    fields among them are left to capture/enrich/ (their inputs are in ``want``)."""
     n = len(raw)
-    names = set(_ALL_FIELDS if want is None else want)
+    names = set(_ALL_FIELDS if want is None else want) - _ENRICHED
     unknown = names - _ALL_FIELDS
     if unknown:
         raise KeyError(f"unknown packets field(s): {', '.join(sorted(unknown))}")

@@ -342,6 +342,45 @@ class LftaConfig(BaseModel):
                           "relative standard error about 1.04 / 2^(lg_k/2), 1.6 % at 12)")
 
 
+class EnrichDatabase(BaseModel):
+    """One MMDB file; ``paths``: where its records keep an attribute, when not where MaxMind's
+    do (e.g. IPinfo's ASN database: ``{asn: asn}``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: Path
+    paths: dict[str, str] = Field(default_factory=dict)
+
+
+class EnrichConfig(BaseModel):
+    """Enrichment databases (capture/enrich/): each is optional; a query that reads a field of
+    one that is not configured is refused at registration."""
+
+    model_config = ConfigDict(extra="forbid")
+    asn: EnrichDatabase | None = Field(None, description="MMDB of AS numbers (GeoLite2-ASN, "
+                                       "IPinfo ASN, DB-IP ASN): src_asn, dst_asn")
+    country: EnrichDatabase | None = Field(None, description="MMDB of countries (GeoLite2-"
+                                           "Country or -City, IPinfo, DB-IP): src_country, "
+                                           "dst_country")
+    asn_precedence: Literal["exporter", "exporter-public", "database"] = Field(
+        "exporter", description="src_asn/dst_asn of flows and sFlow samples: exporter: the AS "
+        "the exporter sent where it sent one (not 0), else the database's; exporter-public: "
+        "the same, an exporter's private AS (64512-65534, 4200000000-4294967294) or AS_TRANS "
+        "counting as none; database: the database's where it has the address")
+    reload_s: float = Field(60.0, gt=0, description="how often the daemon checks the files; "
+                            "one that changed is compiled in the background and taken between "
+                            "batches")
+
+    @field_validator("asn", "country", mode="before")
+    @classmethod
+    def _path(cls, v):
+        return {"path": v} if isinstance(v, str | Path) else v
+
+    def databases(self) -> dict[str, tuple[str, dict[str, str]]]:
+        """``capture.enrich.configure``'s argument."""
+        return {name: (str(db.path), dict(db.paths))
+                for name, db in (("asn", self.asn), ("country", self.country)) if db}
+
+
 class SourceConfig(BaseModel):
     """A source: a capture file (``pcap``, also pcapng), a Linux interface, a UDP listener
     of NetFlow v5/v9/IPFIX exports (``netflow``: the flows stream) or of sFlow v5 datagrams
@@ -476,6 +515,7 @@ class Settings(BaseSettings):
     tables: dict[str, Path] = Field(default_factory=dict, description="prefix tables for "
                                     "in_table(field, 'name'): name -> file of CIDR prefixes, "
                                     "one per line (# comments); read again when it changes")
+    enrich: EnrichConfig = Field(default_factory=EnrichConfig)
     predicates: dict[str, str] = Field(
         default_factory=dict, description="user predicates for WHERE: name -> "
         "'package.module:function' (collector/pipeline/user_predicates.py); installed "

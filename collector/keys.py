@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from capture.batch import ip_arrow
-from capture.fields import IP, SKETCH, STRING, fields, key_field
+from capture.fields import CODE, IP, SKETCH, STRING, code_texts, fields, key_field
 
 
 def _binary(data: np.ndarray, offsets: np.ndarray) -> pa.Array:
@@ -178,6 +178,7 @@ class KeyLayout:
                 c += 1
             else:
                 v = words[:, c]
-                cols[name] = pa.array(v, cat[name].arrow_type, mask=v < 0)
+                cols[name] = code_texts(v) if kind == CODE else \
+                    pa.array(v, cat[name].arrow_type, mask=v < 0)
                 c += 1
         return cols, words[:, c:].view(np.uint64)

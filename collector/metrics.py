@@ -228,6 +228,21 @@ class Metrics:
                                    "From a window's end to its answer written (each "
                                    "answer job's newest window of the query)", ["query"],
                                    registry=r, buckets=LAG_BUCKETS)
+        self.enrich_tuples = Counter("flowsieve_enrich_tuples", "Tuples enriched (their "
+                                     "fields looked up in the enrichment databases)",
+                                     ["stream"], registry=r)
+        self.enrich_seconds = Counter("flowsieve_enrich_seconds", "Time spent enriching",
+                                      ["stream"], registry=r)
+        self.enrich_reloads = Counter("flowsieve_enrich_reloads", "Enrichment databases "
+                                      "loaded again (their file changed)", ["database"],
+                                      registry=r)
+        self.enrich_errors = Counter("flowsieve_enrich_reload_errors", "Enrichment databases "
+                                     "that failed to load again (the one loaded before "
+                                     "stays)", ["database"], registry=r)
+        self.enrich_networks = Gauge("flowsieve_enrich_networks", "Networks of an enrichment "
+                                     "database", ["database"], registry=r)
+        self.enrich_bytes = Gauge("flowsieve_enrich_bytes", "Memory of an enrichment "
+                                  "database's compiled index", ["database"], registry=r)
         self.rebuild_seconds = Histogram("flowsieve_rebuild_duration_seconds",
                                          "Plan rebuilds (register, delete, pause, rebuild)",
                                          registry=r, buckets=(0.005, 0.01, 0.025, 0.05, 0.1,

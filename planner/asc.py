@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from capture.fields import INT32, INT64, IP, fields
+from capture.fields import CODE, INT32, INT64, IP, fields
 from planner.ir import Predicate
 from planner.slots import slot_bit
 
@@ -107,7 +107,7 @@ def asc_attributes(predicates: list[Predicate], min_constants: int = 16) -> set[
     consts: dict[str, set] = {}
     for p in predicates:
         f = single_attribute(p)
-        if f is None or fields(p.stream)[f].kind not in (INT32, INT64, IP):
+        if f is None or fields(p.stream)[f].kind not in (INT32, INT64, IP, CODE):
             continue
         for a in p.atoms:
             consts.setdefault(f, set()).update(a.constants())

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 
 from capture.fields import (
+    CODE_FIELDS,
     SKETCH,
     STRING,
+    code_text,
     fields,
     prefix_network,
 )
@@ -93,6 +95,11 @@ class Atom:
         if self.op == "call":
             args = "".join(f", {_lit(v)}" for v in self.values[1:])
             return f"{not_}{self.values[0]}({self.field}{args})"
+        if self.field in CODE_FIELDS:  # a code as the text it stands for
+            vals = [f"'{code_text(v)}'" for v in self.values]
+            if self.op == "in":
+                return f"{self.field} {not_}IN ({', '.join(vals)})"
+            return f"{self.field} {self.op} {vals[0]}"
         if self.op == "in":
             return f"{self.field} {not_}IN ({', '.join(_lit(v) for v in self.values)})"
         if self.op == "between":

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from capture.fields import IP, STRING, fields, key_field, key_kind
+from capture.fields import IP, STRING, enrichment_inputs, fields, key_field, key_kind
 from planner.aggtree import (
     ROOT,
     AggNode,
@@ -205,7 +205,7 @@ class Plan:
             out.update(key_field(o.field)[0] for o in q.outputs if o.field)
             for p in q.predicates:
                 out.update(p.fields)
-        return out
+        return out | enrichment_inputs(stream, out)  # src_asn reads src_ip
 
     def unpacking(self, stream: str) -> Unpacking:
         """The groups and single fields that cover what the plan reads (weighted set cover)."""

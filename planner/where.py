@@ -13,10 +13,12 @@ from sqlglot import exp
 
 from capture.fields import (
     BYTES,
+    CODE,
     INT32,
     INT64,
     IP,
     STRING,
+    code_of,
     ip_int,
     parse_prefix,
 )
@@ -163,6 +165,8 @@ class WhereTranslator:
                 if op not in ("=", "!="):
                     raise self.err(f"{f} supports =, !=, IN and in_prefix(), not {op}", node)
                 return Atom(f, "prefix", (ip_int(self.ip_literal(right)), 128), op == "!=")
+            if kind == CODE and op not in ("=", "!="):
+                raise self.err(f"{f} supports =, != and IN, not {op}", node)
             return Atom(f, op, (self.value(f, right),))
         if isinstance(node, exp.In):
             f = self.field_name(node.this)
@@ -277,6 +281,13 @@ class WhereTranslator:
 
     def value(self, f: str, node) -> int | str:
         kind = self.cat[f].kind
+        if kind == CODE:  # text held as its code: 'NL' is 0x4E4C
+            if not (isinstance(node, exp.Literal) and node.is_string):
+                raise self.err(f"{f} is compared with a quoted code, e.g. 'NL'", node)
+            try:
+                return code_of(node.this)
+            except ValueError as e:
+                raise self.err(f"{f}: {e}", node) from e
         if kind == STRING:
             if not (isinstance(node, exp.Literal) and node.is_string):
                 raise self.err(f"{f} is compared with a quoted string", node)

@@ -11,10 +11,12 @@ import pyarrow as pa
 
 from capture.batch import ip_arrow
 from capture.fields import (
+    ENRICHED_NAMES,
     IP,
     NULL_INT,
     SKETCH,
     TS,
+    fields,
     ip_bytes,
     ip_text,
     key_field,
@@ -79,6 +81,8 @@ class FlowBatch:
         base, bits = key_field(name)
         if bits is not None:  # an address prefix key (src_ip/24)
             return mask_addresses(self.column(base), bits)
+        if name in ENRICHED_NAMES:  # not enriched (capture/enrich/)
+            return np.full(len(self), NULL_INT, np.int64)
         return self.ints[FLOW_INT_INDEX[name]]
 
     def ip_valid(self, name: str = "src_ip") -> np.ndarray:
@@ -90,6 +94,8 @@ class FlowBatch:
             return self.arrow(name[1:])
         if key_field(name)[1] is not None:
             return ip_arrow(self.column(name), self.ip_valid(name))
+        if name in ENRICHED_NAMES:
+            return pa.nulls(len(self), fields("flows")[name].arrow_type)
         f = F[name]
         if f.kind == IP:
             k = FLOW_IP_FIELDS.index(name)

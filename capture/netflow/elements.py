@@ -4,9 +4,9 @@ template, and the kernel's stop codes, error reasons and per-stream state column
 
 from __future__ import annotations
 
-from capture.fields import IP, fields
+from capture.fields import IP, decoded_fields
 
-F = fields("flows")
+F = decoded_fields("flows")  # enrichment fields: capture/enrich/
 FLOW_INT_FIELDS: tuple[str, ...] = tuple(n for n, f in F.items() if f.kind != IP)
 FLOW_INT_INDEX: dict[str, int] = {n: i for i, n in enumerate(FLOW_INT_FIELDS)}
 FLOW_IP_FIELDS: tuple[str, ...] = ("exporter", "src_ip", "dst_ip", "next_hop")

@@ -10,7 +10,17 @@ import numpy as np
 import pyarrow as pa
 
 from capture.batch import TupleBatch, ip_arrow
-from capture.fields import IP, NULL_INT, SKETCH, TS, fields, ip_text, key_field, mask_addresses
+from capture.fields import (
+    IP,
+    NULL_INT,
+    SKETCH,
+    TS,
+    decoded_fields,
+    fields,
+    ip_text,
+    key_field,
+    mask_addresses,
+)
 
 
 @dataclass
@@ -92,7 +102,7 @@ def table_rows(batch, stream: str) -> list[dict]:
     """Rows as dicts of Python values (addresses as text, ``ts`` in ns, NULL as None): tests and
     tools."""
     out: list[dict] = [{} for _ in range(len(batch))]
-    for name, f in fields(stream).items():
+    for name, f in decoded_fields(stream).items():
         if f.kind == TS:
             vals = [int(v) for v in batch.ts_ns]
         elif f.kind == IP:

@@ -21,7 +21,7 @@ from collector.daemon.cluster import (
 from collector.daemon.registry import UNLIMITED, planned
 from collector.daemon.results import clear_results, read_results
 from collector.daemon.retention import Limits, enforce, expire_quarantined
-from collector.pipeline import prefix_tables, user_predicates
+from collector.pipeline import enrichment, prefix_tables, user_predicates
 from planner.ir import Query, QueryError
 from planner.plan import Plan, build_plan
 from planner.query import parse_single
@@ -161,6 +161,7 @@ class QueryService:
         directive), checked whole before anything is stored."""
         parsed = parse_single(text, name)
         prefix_tables.check(parsed)  # the tables and user predicates it names are configured
+        enrichment.check(parsed)  # and the enrichment databases of the fields it reads
         user_predicates.check(parsed)
         rule = self._rule(parsed, alert)
         q = self.registry.add(name, text)

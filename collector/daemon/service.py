@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from capture import enrich
 from collector.config import Settings, SourceConfig
 from collector.daemon.alerts.service import AlertService
 from collector.daemon.alerts.store import AlertStore
@@ -25,7 +26,7 @@ from collector.daemon.source_metrics import FlowCounters, stats_callback
 from collector.daemon.sources import Source, make_source
 from collector.daemon.supervision import Supervision
 from collector.metrics import Metrics
-from collector.pipeline import prefix_tables, user_predicates
+from collector.pipeline import enrichment, prefix_tables, user_predicates
 from collector.pipeline.engine import Engine
 from collector.pipeline.sampling import TupleSampler
 from collector.pipeline.selectivity import SelectivityMeter
@@ -74,12 +75,14 @@ class Collector(QueryService, Supervision):
         self.flow_counters = FlowCounters(self.metrics)
         self._retention_due = 0.0  # when retention runs next (time.monotonic)
         self._jvm_metrics = False  # the JVM's collector registered (once: it reads any JVM)
+        self._enrich_reloader: enrich.Reloader | None = None
         self.started = False
 
     def start(self, with_sources: bool = True, with_spark: bool = True) -> None:
         s = self.settings
         prefix_tables.configure(s.tables)
         user_predicates.configure(s.predicates)
+        self._enrich(s)
         for d in (s.var_dir, s.spool_dir, s.results_dir, s.checkpoint_dir):
             Path(d).mkdir(parents=True, exist_ok=True)
         probe = s.role == "capture"
@@ -133,7 +136,29 @@ class Collector(QueryService, Supervision):
             t = threading.Thread(target=self._flusher, name="lfta-flusher", daemon=True)
             t.start()
             self._threads.append(t)
+            if s.enrich.databases():
+                self._enrich_reloader = enrich.Reloader(s.enrich.reload_s, self._enrich_gauges,
+                                                        self._enrich_failed)
+                self._enrich_reloader.start()
         self.started = True
+
+    def _enrich(self, s: Settings) -> None:
+        """The enrichment databases, loaded before any query is checked; their figures as
+        gauges."""
+        enrichment.configure(s.enrich)
+        self._enrich_gauges(list(enrich.current().databases), reloaded=False)
+
+    def _enrich_gauges(self, names: list[str], reloaded: bool = True) -> None:
+        for name in names:
+            db = enrich.current().databases.get(name)
+            if db is not None:
+                self.metrics.enrich_networks.labels(name).set(db.networks)
+                self.metrics.enrich_bytes.labels(name).set(db.nbytes)
+                if reloaded:
+                    self.metrics.enrich_reloads.labels(name).inc()
+
+    def _enrich_failed(self, name: str, error: Exception) -> None:
+        self.metrics.enrich_errors.labels(name).inc()
 
     def stop(self) -> None:
         """A clean stop within ``shutdown_timeout_s``: the sources stop (a durable one commits
@@ -145,6 +170,8 @@ class Collector(QueryService, Supervision):
         deadline = start + s.shutdown_timeout_s
         jvm_share = min(10.0, s.shutdown_timeout_s / 3)  # what the JVM's exit may take
         self._stop.set()
+        if self._enrich_reloader is not None:
+            self._enrich_reloader.stop()
         for t in self._threads:  # each flushes its engine's partials when it ends
             t.join(timeout=max(0.0, deadline - jvm_share - time.monotonic()))
         left = [t.name for t in self._threads if t.is_alive()]

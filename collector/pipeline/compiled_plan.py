@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from capture.batch import TupleBatch
+from capture.fields import enriched
 from collector.config import AscConfig, LftaConfig, OmConfig, ResidualConfig
 from collector.pipeline.asc_runtime import AscRuntime
 from collector.pipeline.compiled_prefilter import CompiledPrefilter, compile_prefilter
@@ -35,6 +36,7 @@ class CompiledPlan:
     asc: AscRuntime
     residual: Residual
     fields: tuple[str, ...]  # what the plan's unpack groups extract
+    enriched: tuple[str, ...]  # the enrichment fields among them, computed after unpack
     folders: list[FolderPlan]
     names: dict[int, str]
     keys: tuple[str, ...]  # every field an aggregate query of the stream groups by
@@ -93,7 +95,9 @@ def compile_plan(plan: Plan, stream: str, asc: AscConfig, residual: ResidualConf
                      r.sweep_stage, value_cache, budget=r.profile_budget)
     mine = [qp for qp in plan.queries if qp.query.stream == stream]
     aggregates = [qp for qp in mine if not qp.query.is_selection]
-    return CompiledPlan(plan, cp, runtime, stage, plan.unpacking(stream).extract, folders,
+    extract = plan.unpacking(stream).extract
+    return CompiledPlan(plan, cp, runtime, stage, extract,
+                        tuple(f for f in extract if f in enriched(stream)), folders,
                         {qp.slot: qp.query.name for qp in mine},
                         tuple(sorted({k for qp in aggregates for k in qp.query.node_keys})),
                         tuple(qp.slot for qp in aggregates))

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from capture import enrich
 from capture.batch import Batch
 from capture.netflow import FlowBatch
 from capture.pcap import RawBatch
@@ -248,6 +249,8 @@ class Engine(Spooling):
             if c is None:
                 return
             tb = raw if isinstance(raw, DECODED) else unpacked(raw, c.fields)
+            if c.enriched:
+                tb = enrich.current().apply(tb, c.enriched)
             if self.meter is not None:
                 self.meter.observe(c.plan, tb)
             _, Q = run_prefilter(c.prefilter, tb, c.asc)
@@ -258,6 +261,10 @@ class Engine(Spooling):
                                      among=np.flatnonzero(Q.any(axis=1)))
 
     def process_tuples(self, c: CompiledPlan, tb: Batch) -> int:
+        if c.enriched:  # one version of the databases for the whole batch
+            with self.meters.enrich():
+                tb = enrich.current().apply(tb, c.enriched)
+            self.meters.enriched(len(tb))
         if self.meter is not None:
             self.meter.observe(c.plan, tb)
         with self.meters.asc(c.asc):

@@ -10,6 +10,7 @@ Prometheus families in ``collector/metrics.py``, labelled by stream (and source,
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 import numpy as np
@@ -40,6 +41,17 @@ class EngineMeters:
     def dropped(self, n: int) -> None:
         """Tuples no query kept (the prefilter's and the residual's drops, or no plan)."""
         self.m.prefilter_dropped.labels(self.stream).inc(n)
+
+    # -- enrichment
+    @contextmanager
+    def enrich(self):
+        """Around the enrichment of a batch: its time (tuples are counted by ``enriched``)."""
+        started = time.perf_counter()
+        yield
+        self.m.enrich_seconds.labels(self.stream).inc(time.perf_counter() - started)
+
+    def enriched(self, n: int) -> None:
+        self.m.enrich_tuples.labels(self.stream).inc(n)
 
     # -- prefilter and residual
     @contextmanager

@@ -1,0 +1,106 @@
+"""Enrichment: fields looked up by address in prefix databases (AS numbers, countries), computed
+right after unpack for the fields a plan reads, then ordinary catalogue fields for every later
+stage (prefilter bits, residual, LFTA keys, Spark).
+
+The package: ``mmdb`` (MaxMind DB files read and their trie walked in numba), ``lpm`` (the
+compiled longest-prefix-match index and its numba search), ``databases`` (the configured
+databases and a batch's enrichment), ``batch`` (a batch with its enrichment columns).
+
+One ``Enrichment`` serves the whole process (``current()``); ``configure`` sets it and
+``Reloader`` compiles a database whose file changed in the background and swaps the new set in
+with one reference assignment: an engine takes ``current()`` once per batch, so a batch is
+enriched by one version whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from capture.enrich.batch import EnrichedBatch
+from capture.enrich.databases import (
+    DATABASES,
+    PRECEDENCES,
+    Database,
+    Enrichment,
+    file_stamp,
+    load,
+)
+from capture.enrich.mmdb import MmdbError
+
+log = logging.getLogger("flowsieve.enrich")
+_current = Enrichment()
+_config: tuple[dict, str] = ({}, "exporter")
+
+
+def current() -> Enrichment:
+    return _current
+
+
+def configure(databases: dict[str, tuple[str, dict[str, str]]],
+              asn_precedence: str = "exporter") -> Enrichment:
+    """Load the databases ``{name: (path, record paths)}`` now (errors raised: MmdbError)."""
+    global _current, _config
+    _current = load(databases, asn_precedence)
+    _config = (dict(databases), asn_precedence)
+    return _current
+
+
+def missing(stream: str, names) -> list[tuple[str, str]]:
+    """(field, database) of enrichment fields among ``names`` that no configured database
+    gives (a flow's AS comes from its exporter too: not missing)."""
+    from capture.fields import enriched
+    table = enriched(stream)
+    return [(n, table[n].database) for n in names
+            if n in table and not table[n].exported and table[n].database not in
+            _current.databases]
+
+
+def reload_changed(on_error: Callable[[str, Exception], None] | None = None) -> list[str]:
+    """Compile again each configured database whose file changed, and swap the new set in;
+    a database that fails to load keeps the last one (``on_error(name, error)``). The names
+    reloaded."""
+    global _current
+    databases, precedence = _config
+    now = _current
+    fresh = dict(now.databases)
+    done = []
+    for name, (path, paths) in databases.items():
+        old = now.databases.get(name)
+        try:
+            if old is not None and file_stamp(path) == old.stamp:
+                continue
+            fresh[name] = Database(name, path, paths)
+            done.append(name)
+        except (OSError, MmdbError) as e:
+            log.error("enrich.%s: %s: keeping the database loaded before", name, e)
+            if on_error is not None:
+                on_error(name, e)
+    if done:
+        _current = Enrichment(fresh, precedence)
+        log.info("enrichment reloaded: %s", ", ".join(done))
+    return done
+
+
+class Reloader(threading.Thread):
+    """Checks the configured files every ``every_s`` and reloads those that changed."""
+
+    def __init__(self, every_s: float, on_reload: Callable[[list[str]], None] | None = None,
+                 on_error: Callable[[str, Exception], None] | None = None):
+        super().__init__(name="enrich-reload", daemon=True)
+        self.every_s, self.on_reload, self.on_error = every_s, on_reload, on_error
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.every_s):
+            done = reload_changed(self.on_error)
+            if done and self.on_reload is not None:
+                self.on_reload(done)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
+__all__ = ["DATABASES", "PRECEDENCES", "Database", "EnrichedBatch", "Enrichment", "MmdbError",
+           "Reloader", "configure", "current", "missing", "reload_changed"]

@@ -1,0 +1,241 @@
+"""Enrichment look-ups (capture/enrich/) against the ``maxminddb`` reader: MaxMind's own test
+databases, and databases written here by ``mmdb-writer`` (IPv4 and IPv6, nested prefixes of
+mixed lengths, IPv4-only, IPinfo's layout); corrupt files; the AS precedence; reloads."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import random
+import shutil
+
+import maxminddb
+import numpy as np
+import pytest
+
+from capture import enrich
+from capture.enrich import Database, MmdbError
+from capture.enrich.databases import Enrichment
+from capture.fields import code_of, code_text
+from tests.enrichtools import (
+    DATA,
+    SHARED,
+    address_column,
+    oracle,
+    probe_addresses,
+    random_networks,
+    write_db,
+)
+
+ASN_PATH = ("autonomous_system_number",)
+COUNTRY_PATH = ("country", "iso_code")
+
+
+def expected(reader, addrs, attribute):
+    if attribute == "asn":
+        return [oracle(reader, a, ASN_PATH) or -1 for a in addrs]
+    codes = [oracle(reader, a, COUNTRY_PATH) for a in addrs]
+    return [code_of(c) if c else -1 for c in codes]
+
+
+def looked_up(db: Database, addrs: list[str], attribute: str) -> list[int]:
+    col = address_column(addrs)
+    return db.values[attribute][db.lookup(col, np.ones(len(col), bool))].tolist()
+
+
+def assert_equal_reader(db: Database, path, attribute: str, seed: int = 1) -> int:
+    with maxminddb.open_database(str(path)) as reader:
+        addrs = probe_addresses(reader, seed)
+        want = expected(reader, addrs, attribute)
+    got = looked_up(db, addrs, attribute)
+    bad = [(a, w, g) for a, w, g in zip(addrs, want, got, strict=True) if w != g]
+    assert not bad, f"{len(bad)} of {len(addrs)} differ, e.g. {bad[:5]}"
+    return len(addrs)
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_shared_databases_equal_maxminddb(name):
+    """MaxMind's test databases: every network's edges, their neighbours outside, addresses
+    inside and random ones, IPv4 and IPv6, equal the reader's."""
+    path = DATA / f"{name}.mmdb"
+    attribute = "asn" if "ASN" in name else "country"
+    db = Database(attribute, path)
+    assert db.networks > 100
+    assert assert_equal_reader(db, path, attribute) > 4000
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_ipv4_mapped_addresses_are_ipv4(name):
+    """The catalogue holds IPv4 as IPv4-mapped IPv6: ::ffff:a.b.c.d is looked up as a.b.c.d,
+    which is also what the reader finds at ::ffff:a.b.c.d in MaxMind's databases (their
+    alias of ::ffff:0:0/96 to the IPv4 tree)."""
+    path = DATA / f"{name}.mmdb"
+    attribute = "asn" if "ASN" in name else "country"
+    db = Database(attribute, path)
+    with maxminddb.open_database(str(path)) as reader:
+        v4 = [a for a in probe_addresses(reader, 2, uniform=500) if ":" not in a]
+        mapped = [f"::ffff:{a}" for a in v4]
+        want = expected(reader, v4, attribute)
+        assert expected(reader, mapped, attribute) == want
+    assert looked_up(db, mapped, attribute) == want
+    assert any(w != -1 for w in want)
+
+
+def test_generated_database_equals_maxminddb(tmp_path):
+    """A held-out database of 20,000 random nested prefixes, IPv4 and IPv6 (mmdb-writer)."""
+    rng = random.Random(5)
+    nets = random_networks(20_000, seed=5)
+    path = write_db(tmp_path / "asn.mmdb",
+                    {n: {"autonomous_system_number": rng.randint(1, 400_000)} for n in nets})
+    db = Database("asn", path)
+    with maxminddb.open_database(str(path)) as reader:
+        assert db.networks == sum(1 for _ in reader)
+    assert assert_equal_reader(db, path, "asn", seed=6) > 80_000
+
+
+def test_ipv4_database_and_6to4(tmp_path):
+    """An IPv4-only database answers IPv4 addresses and no IPv6 one; an IPv6 database's
+    6to4 alias (2002::/16 to the IPv4 tree, as the reader writes it) answers as the IPv4
+    address inside."""
+    rng = random.Random(8)
+    nets = [n for n in random_networks(3000, seed=8, v6_share=0) if "/" in n]
+    path = write_db(tmp_path / "v4.mmdb",
+                    {n: {"country": {"iso_code": rng.choice(["NL", "DE", "FR", "JP"])}}
+                     for n in nets}, ip_version=4)
+    db = Database("country", path)
+    assert_equal_reader(db, path, "country", seed=9)
+    assert looked_up(db, ["2001:db8::1", "1::"], "country") == [-1, -1]
+    with maxminddb.open_database(str(DATA / "GeoIP2-Country-Test.mmdb")) as reader:
+        db = Database("country", DATA / "GeoIP2-Country-Test.mmdb")
+        v4 = [str(n.network_address) for n, _ in reader if n.version == 4][:50]
+        words = [int(ipaddress.IPv4Address(a)) for a in v4]
+        six = [f"2002:{w >> 16:x}:{w & 0xFFFF:x}::1" for w in words]
+        assert expected(reader, six, "country") == expected(reader, v4, "country")
+        assert looked_up(db, six, "country") == expected(reader, v4, "country")
+
+
+def test_ipinfo_layout_and_record_paths(tmp_path):
+    """IPinfo's free databases keep the AS as text ('AS13335') and the country as a string at
+    the top: the default paths find both; a configured path replaces them."""
+    rng = random.Random(3)
+    nets = random_networks(2000, seed=3)
+    recs = {n: {"asn": f"AS{rng.randint(1, 70000)}", "country": rng.choice(["US", "BR", "nl"]),
+                "org": {"number": rng.randint(1, 9)}} for n in nets}
+    path = write_db(tmp_path / "ipinfo.mmdb", recs)
+    asn, country = Database("asn", path), Database("country", path)
+    with maxminddb.open_database(str(path)) as reader:
+        addrs = probe_addresses(reader, 4, per_network=1, uniform=200)
+        want_asn = [int(v[2:]) if (v := oracle(reader, a, ("asn",))) else -1 for a in addrs]
+        want_c = [code_of(v) if (v := oracle(reader, a, ("country",))) else -1 for a in addrs]
+        want_org = [oracle(reader, a, ("org", "number")) or -1 for a in addrs]
+    assert looked_up(asn, addrs, "asn") == want_asn
+    assert looked_up(country, addrs, "country") == want_c
+    assert code_text(code_of("nl")) == "NL"
+    org = Database("asn", path, {"asn": "org.number"})
+    assert looked_up(org, addrs, "asn") == want_org
+    with pytest.raises(MmdbError, match="no attribute city"):
+        Database("asn", path, {"city": "x"})
+
+
+def test_corrupt_files_are_refused_with_a_reason(tmp_path):
+    good = (DATA / "GeoLite2-ASN-Test.mmdb").read_bytes()
+    cases = {
+        "empty": b"",
+        "text": b"hello, not a database\n" * 10,
+        "no-tree": good[:100] + good[good.rfind(b"\xab\xcd\xefMaxMind.com"):],
+        "cut-metadata": good[:-20],
+    }
+    for name, data in cases.items():
+        p = tmp_path / f"{name}.mmdb"
+        p.write_bytes(data)
+        with pytest.raises(MmdbError) as e:
+            Database("asn", p)
+        assert str(p) in str(e.value)
+    with pytest.raises(MmdbError, match="No such file"):
+        Database("asn", tmp_path / "absent.mmdb")
+
+
+def test_mutated_databases_never_crash(tmp_path):
+    """5,000 seeded mutations of a database's tree and data: each loads (and then looks up
+    without crashing) or is refused with an MmdbError."""
+    good = bytearray((DATA / "GeoLite2-ASN-Test.mmdb").read_bytes())
+    rng = np.random.default_rng(11)
+    addrs = address_column(["1.128.0.1", "2001:db8::1", "12.81.92.7", "::1", "8.8.8.8"])
+    loaded = refused = 0
+    p = tmp_path / "m.mmdb"
+    for _ in range(5000):
+        data = bytearray(good)
+        for at in rng.integers(0, len(data) - 60, rng.integers(1, 8)):
+            data[at] = int(rng.integers(0, 256))
+        p.write_bytes(bytes(data))
+        try:
+            db = Database("asn", p)
+        except MmdbError:
+            refused += 1
+            continue
+        ids = db.lookup(addrs, np.ones(len(addrs), bool))
+        assert ((ids >= -1) & (ids < db.records)).all()
+        loaded += 1
+    assert loaded and refused
+
+
+class Flows:
+    """A stand-in batch of the flows stream: the exporter's src_as and the address."""
+
+    stream = "flows"
+
+    def __init__(self, addrs, sent):
+        self.addrs, self.sent = address_column(addrs), np.array(sent, np.int64)
+
+    def __len__(self):
+        return len(self.sent)
+
+    def column(self, name):
+        return {"src_ip": self.addrs, "src_as": self.sent}[name]
+
+    def ip_valid(self, name):
+        return np.ones(len(self.sent), bool)
+
+
+@pytest.mark.parametrize("precedence,want", [
+    ("exporter", [7018, 1221, 1221, 64512, -1, 15169]),
+    ("exporter-public", [7018, 1221, 1221, 1221, -1, 15169]),
+    ("database", [1221, 1221, 1221, 1221, -1, 15169]),
+])
+def test_asn_precedence(precedence, want):
+    """src_asn of flows: the exporter's AS against the database's (worked by hand: 1.128.0.0/11
+    is AS1221 and 1.0.0.0/24 AS15169 in MaxMind's test database; 10.0.0.1 is in none)."""
+    db = Database("asn", DATA / "GeoLite2-ASN-Test.mmdb")
+    tb = Flows(["1.128.0.1", "1.128.0.2", "1.128.0.3", "1.128.0.4", "10.0.0.1", "1.0.0.1"],
+               [7018, 0, -1, 64512, 0, 0])
+    out = Enrichment({"asn": db}, precedence).apply(tb, ["src_asn"])
+    assert out.column("src_asn").tolist() == want
+
+
+def test_no_database_gives_null_and_is_missing():
+    enrich.configure({})
+    tb = Flows(["1.128.0.1"], [0])
+    assert enrich.current().apply(tb, ["src_asn"]).column("src_asn").tolist() == [-1]
+    assert enrich.missing("packets", ["src_asn", "dst_country", "src_ip"]) == [
+        ("src_asn", "asn"), ("dst_country", "country")]
+    assert enrich.missing("flows", ["src_asn"]) == []  # its exporter may send it
+
+
+def test_reload_swaps_a_changed_file_and_keeps_the_last_good_one(tmp_path):
+    path = tmp_path / "asn.mmdb"
+    shutil.copy(DATA / "GeoLite2-ASN-Test.mmdb", path)
+    first = enrich.configure({"asn": (str(path), {})})
+    addrs = ["1.128.0.1", "9.9.9.9"]
+    assert looked_up(first.databases["asn"], addrs, "asn") == [1221, -1]
+    assert enrich.reload_changed() == []  # unchanged
+    write_db(path, {"9.9.9.0/24": {"autonomous_system_number": 19281}})
+    os.utime(path, ns=(1, 1))  # a new stamp even within the clock's resolution
+    assert enrich.reload_changed() == ["asn"]
+    assert enrich.current() is not first
+    assert looked_up(enrich.current().databases["asn"], addrs, "asn") == [-1, 19281]
+    path.write_bytes(b"garbage")
+    errors = []
+    assert enrich.reload_changed(lambda n, e: errors.append((n, str(e)))) == []
+    assert errors and errors[0][0] == "asn" and "not a MaxMind DB" in errors[0][1]
+    assert looked_up(enrich.current().databases["asn"], addrs, "asn") == [-1, 19281]
+    enrich.configure({})
