@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.deps import CollectorDep
-from api.routes import alerts, exporters, prefilter, queries
+from api.routes import alerts, enrichment, exporters, prefilter, queries
 from api.security import DOCS_STATIC, OPEN_PATHS, Guard, problem
 from collector.daemon.cluster import ProbeOnly
 from collector.daemon.service import Collector
@@ -72,6 +72,7 @@ def create_app(collector: Collector, manage: bool = False) -> FastAPI:
     app.include_router(queries.router)
     app.include_router(prefilter.router)
     app.include_router(exporters.router)
+    app.include_router(enrichment.router)
     app.include_router(alerts.router)
 
     @app.get("/metrics", tags=["metrics"], response_class=Response)

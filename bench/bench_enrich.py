@@ -6,9 +6,10 @@ around each address of the backbone bench trace (its /24, IPv6 /48) so that the 
 are in it, the rest random IPv4 /16-/24 and IPv6 /32-/48, AS numbers drawn from 80,000.
 
 1. In the engine: the backbone trace's batches through ``Engine`` with a query grouping by
-   ``src_asn, dst_asn``; what enrichment adds is its own time inside the engine
-   (``flowsieve_enrich_seconds_total`` / tuples), median of 5 runs; the engine's whole time per
-   tuple beside it.
+   ``src_asn, dst_asn``; what enrichment adds is its own time (``flowsieve_enrich_seconds_total``
+   / tuples), median of 5 runs; the run's whole time per tuple beside it. Read ahead as
+   ``replay`` and the daemon's file and live sources run (unpack and enrichment on the reading
+   thread), and on one thread (as a flow or sFlow listener's batches are enriched).
 2. The same look-up (``Enrichment.apply``, the engine's call) on uniform random addresses (85 %
    IPv4, 15 % IPv6): no locality.
 3. Per-lookup readers on the same addresses (given as the strings they take, made outside the
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +48,7 @@ from traces import trace  # noqa: E402
 from capture import enrich  # noqa: E402
 from capture.enrich import Database  # noqa: E402
 from capture.pcap import open_capture  # noqa: E402
+from collector.daemon.sources import ahead  # noqa: E402
 from collector.metrics import Metrics  # noqa: E402
 from collector.pipeline.engine import Engine  # noqa: E402
 from collector.pipeline.spool import Spool  # noqa: E402
@@ -103,14 +106,23 @@ def database(arrays: dict, total: int) -> Path:
     return path
 
 
-def engine_run(raws, plan) -> dict:
+def engine_run(raws, plan, read_ahead: bool) -> dict:
+    """The batches through an engine: read ahead as ``replay`` and the daemon's file and
+    live sources run (unpack and enrichment on the reading thread, the engine's stages on
+    another), or all on one thread as a flow or sFlow listener's batches go."""
     metrics = Metrics()
     with tempfile.TemporaryDirectory(prefix="flowsieve-bench-enrich-") as tmp:
         eng = Engine(Spool(Path(tmp), 1 << 40, "block"), "packets", metrics, finite=True)
         eng.set_plan(plan)
+        eng.take_plan()
         t = time.perf_counter()
-        for raw in raws:
-            eng.process(raw)
+        if read_ahead:
+            with closing(ahead(raws, eng.prepare)) as read:
+                for raw, tuples in read:
+                    eng.process(raw, prepared=tuples)
+        else:
+            for raw in raws:
+                eng.process(raw)
         wall = time.perf_counter() - t
     n = sum(len(r) for r in raws)
     seconds = metrics.enrich_seconds.labels("packets")._value.get()
@@ -229,18 +241,20 @@ def main() -> None:
     enrich.configure({"asn": (str(path), {})})
     raws = list(open_capture(pcap))
     plan = build_plan(parse_queries(QUERY))
-    engine_run(raws[:2], plan)  # the kernels compiled
-    runs = [engine_run(raws, plan) for _ in range(args.repeat)]
-    res["engine"] = {"tuples": runs[0]["tuples"],
+    for mode, read_ahead in (("engine", True), ("engine_one_thread", False)):
+        engine_run(raws[:2], plan, read_ahead)  # the kernels compiled
+        runs = [engine_run(raws, plan, read_ahead) for _ in range(args.repeat)]
+        res[mode] = {"tuples": runs[0]["tuples"],
                      "enrich_ns_per_tuple": statistics.median(
                          r["enrich_ns_per_tuple"] for r in runs),
                      "engine_ns_per_tuple": statistics.median(
                          r["engine_ns_per_tuple"] for r in runs),
                      "runs": runs}
+        e = res[mode]
+        print(f"{mode}, backbone trace ({e['tuples']:,} packets): enrichment "
+              f"{e['enrich_ns_per_tuple']:.1f} ns/tuple; the run {e['engine_ns_per_tuple']:.0f} "
+              "ns/tuple", flush=True)
     e = res["engine"]
-    print(f"engine, backbone trace ({e['tuples']:,} packets): enrichment "
-          f"{e['enrich_ns_per_tuple']:.1f} ns/tuple of {e['engine_ns_per_tuple']:.0f}",
-          flush=True)
     # uniform random addresses, and the same addresses through the readers
     n = 1_000_000
     col = uniform(2 * n)
@@ -269,9 +283,8 @@ def main() -> None:
         want = [(r.get(a) or {}).get("autonomous_system_number", -1) for a in trace_addrs]
     db = ours.databases["asn"]
     from capture.fields import ip_bytes
-    got = db.values["asn"][db.lookup(np.frombuffer(b"".join(ip_bytes(a) for a in trace_addrs),
-                                                   np.uint8).reshape(-1, 16),
-                                     np.ones(m, bool))].tolist()
+    got = db.attribute("asn", np.frombuffer(b"".join(ip_bytes(a) for a in trace_addrs),
+                                            np.uint8).reshape(-1, 16), np.ones(m, bool)).tolist()
     res["equal_to_maxminddb"] = got == want
     for kind, ns_tuple in (("trace", e["enrich_ns_per_tuple"]),
                            ("uniform", res["uniform"]["enrich_ns_per_tuple"])):

@@ -95,6 +95,12 @@ def start_daemon(cfg: Path, log) -> subprocess.Popen:
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def daemon_ready(proc: subprocess.Popen, base: str, log: Path) -> bool:
+    """Whether the daemon at ``base`` answers /readyz 200; its log's end if it has exited."""
+    assert proc.poll() is None, log.read_text()[-3000:]
+    return httpx.get(f"{base}/readyz", timeout=5).status_code == 200
+
+
 def stop_daemon(proc: subprocess.Popen) -> None:
     """SIGTERM, and SIGKILL if it does not stop within a minute."""
     if proc.poll() is not None:

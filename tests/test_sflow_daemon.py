@@ -15,6 +15,7 @@ from tests import sflowgen as g
 from tests.processes import (
     answers,
     daemon_config,
+    daemon_ready,
     free_port,
     metric,
     start_daemon,
@@ -73,14 +74,11 @@ def test_sflow_listener_answers_and_counts_what_a_restart_lost(tmp_path):
                       "flowsieve_sflow_samples_total",
                       'kind="flow",source="fabric"')
 
-    def ready(proc) -> bool:
-        assert proc.poll() is None, (tmp_path / "daemon.log").read_text()[-3000:]
-        return httpx.get(f"{base}/readyz", timeout=5).status_code == 200
-
-    with open(tmp_path / "daemon.log", "w") as log:
+    logged = tmp_path / "daemon.log"
+    with open(logged, "w") as log:
         proc = start_daemon(cfg, log)
         try:
-            wait_for(lambda: ready(proc), 240, "the daemon ready")
+            wait_for(lambda: daemon_ready(proc, base, logged), 240, "the daemon ready")
             send(listen, range(1, 21), t0)
             wait_for(lambda: flow_samples() >= 60, 60, "60 flow samples decoded")
             decoded[0] = flow_samples()
@@ -89,7 +87,7 @@ def test_sflow_listener_answers_and_counts_what_a_restart_lost(tmp_path):
         # datagrams 21..25 are sent while the daemon is down: nobody receives them
         proc = start_daemon(cfg, log)
         try:
-            wait_for(lambda: ready(proc), 240, "the daemon ready again")
+            wait_for(lambda: daemon_ready(proc, base, logged), 240, "the daemon ready again")
             send(listen, range(26, 31), t0)
             wait_for(lambda: flow_samples() >= 15, 60, "15 more flow samples decoded")
             text = httpx.get(f"{base}/metrics", timeout=10).text

@@ -85,14 +85,16 @@ class Database:
             raise MmdbError(f"enrich.{name}: no attribute {', '.join(sorted(unknown))} "
                             f"(known: {', '.join(attrs)})")
         self.paths = {a: (paths[a],) if paths and a in paths else attrs[a].paths for a in attrs}
+        # each attribute's value per record id as uint32, 0 for none (no AS is 0: RFC 7607;
+        # codes are never 0): half the cache lines of int64, read once per look-up
         self.values: dict[str, np.ndarray] = {}
         for a in attrs.values():
-            col = np.full(self.records + 1, NULL_INT, np.int64)
+            col = np.zeros(self.records + 1, np.uint32)
             split = [tuple(p.split(".")) for p in self.paths[a.name]]
             for i, rec in enumerate(decoded):
                 for path in split:
                     v = a.convert(at_path(rec, path))
-                    if v != NULL_INT:
+                    if 0 < v < 2**32:
                         col[i] = v
                         break
             self.values[a.name] = col
@@ -116,6 +118,17 @@ class Database:
     def lookup(self, addrs: np.ndarray, ok: np.ndarray) -> np.ndarray:
         """Record ids of (n, 16) addresses (-1: none)."""
         return self.index.lookup(addrs, ok)
+
+    def gather(self, attribute: str, ids: np.ndarray) -> np.ndarray:
+        """An attribute's values (int64, NULL -1) of record ids (-1: none)."""
+        out = self.values[attribute][ids].astype(np.int64)
+        out[(ids < 0) | (out == 0)] = NULL_INT
+        return out
+
+    def attribute(self, attribute: str, addrs: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """An attribute's values (int64, NULL -1) of (n, 16) addresses: the look-up and the
+        gather in one pass."""
+        return self.index.values(addrs, ok, self.values[attribute])
 
     def describe(self) -> dict:
         return {"database": self.name, "path": self.path, "type": self.database_type,
@@ -145,19 +158,28 @@ class Enrichment:
         """``tb`` with the enrichment fields ``names`` computed (NULL where no database gives
         one)."""
         table = enriched(tb.stream)
+        names = list(names)
+        # a (database, address) that several fields read is searched once for record ids;
+        # one field alone gets its value from the search directly
+        uses: dict[tuple[str, str], int] = {}
+        for name in names:
+            e = table[name]
+            uses[(e.database, e.address)] = uses.get((e.database, e.address), 0) + 1
         ids: dict[tuple[str, str], np.ndarray] = {}
         cols: dict[str, np.ndarray] = {}
         n = len(tb)
         for name in names:
             e = table[name]
             db = self.databases.get(e.database)
+            key = (e.database, e.address)
             if db is None:
                 col = np.full(n, NULL_INT, np.int64)
+            elif uses[key] == 1:
+                col = db.attribute(e.attribute, tb.column(e.address), tb.ip_valid(e.address))
             else:
-                key = (e.database, e.address)
                 if key not in ids:
                     ids[key] = db.lookup(tb.column(e.address), tb.ip_valid(e.address))
-                col = db.values[e.attribute][ids[key]]
+                col = db.gather(e.attribute, ids[key])
             if e.exported:
                 col = self._precede(np.asarray(tb.column(e.exported), np.int64), col)
             cols[name] = col

@@ -17,6 +17,8 @@ import numpy as np
 
 from capture import enrich
 from capture.batch import Batch
+from capture.enrich import EnrichedBatch
+from capture.fields import enriched
 from capture.netflow import FlowBatch
 from capture.pcap import RawBatch
 from capture.sflow import CounterBatch, SflowBatch
@@ -96,7 +98,8 @@ class Engine(Spooling):
         # the batch path and the collector's flusher thread both touch the LFTA tables
         self._data = threading.RLock()
         self._pending: Plan | None = None
-        self._unpacking: tuple = (None, ())  # (plan, its fields) of the last prepare
+        # (plan, its fields, its enrichment fields) of the last prepare
+        self._unpacking: tuple = (None, (), ())
         self._c: CompiledPlan | None = None
         self.max_time: int | None = None
         self.tuples_in = 0
@@ -186,9 +189,23 @@ class Engine(Spooling):
                 return None
             plan = c.plan
         if self._unpacking[0] is not plan:
-            self._unpacking = (plan, plan.unpacking(self.stream).extract)
-        want = self._unpacking[1]
-        return Prepared(want, unpacked(raw, want))
+            want = plan.unpacking(self.stream).extract
+            self._unpacking = (plan, want, tuple(f for f in want if f in enriched(self.stream)))
+        _, want, extra = self._unpacking
+        tuples = unpacked(raw, want)
+        if extra:  # enriched on this thread too: its core's caches keep the tables warm
+            tuples = self._enrich(tuples, extra)
+        return Prepared(want, tuples)
+
+    def _enrich(self, tb: Batch, names: tuple[str, ...]) -> Batch:
+        """``tb`` with enrichment fields ``names``, by the databases of now (one version for
+        the whole batch); a batch enriched already (read ahead) as it is."""
+        if isinstance(tb, EnrichedBatch) and all(n in tb.cols for n in names):
+            return tb
+        with self.meters.enrich():
+            out = enrich.current().apply(tb, names)
+        self.meters.enriched(len(tb))
+        return out
 
     def process(self, raw: RawBatch | FlowBatch, source: str = "",
                 position: dict | None = None, prepared: Prepared | None = None) -> int:
@@ -250,7 +267,7 @@ class Engine(Spooling):
                 return
             tb = raw if isinstance(raw, DECODED) else unpacked(raw, c.fields)
             if c.enriched:
-                tb = enrich.current().apply(tb, c.enriched)
+                tb = self._enrich(tb, c.enriched)
             if self.meter is not None:
                 self.meter.observe(c.plan, tb)
             _, Q = run_prefilter(c.prefilter, tb, c.asc)
@@ -261,10 +278,8 @@ class Engine(Spooling):
                                      among=np.flatnonzero(Q.any(axis=1)))
 
     def process_tuples(self, c: CompiledPlan, tb: Batch) -> int:
-        if c.enriched:  # one version of the databases for the whole batch
-            with self.meters.enrich():
-                tb = enrich.current().apply(tb, c.enriched)
-            self.meters.enriched(len(tb))
+        if c.enriched:
+            tb = self._enrich(tb, c.enriched)
         if self.meter is not None:
             self.meter.observe(c.plan, tb)
         with self.meters.asc(c.asc):

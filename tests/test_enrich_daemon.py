@@ -1,0 +1,149 @@
+"""The daemon enriches what it receives: sFlow samples from an agent over loopback, grouped by
+``src_asn`` (the agent's own AS where its gateway record sent one: enrich.asn_precedence) and by
+``dst_country``, equal a truth computed with the ``maxminddb`` reader; the database file is
+replaced while the daemon runs and the samples after the reload take the new one's answers,
+with no stop. GET /enrichment shows what is loaded."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections import Counter
+
+import httpx
+import maxminddb
+import pytest
+
+from tests import sflowgen as g
+from tests.enrichtools import oracle, write_db
+from tests.processes import (
+    answers,
+    daemon_config,
+    daemon_ready,
+    free_port,
+    metric,
+    start_daemon,
+    stop_daemon,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+AGENT = "192.0.2.9"
+QUERIES = """-- name: by_asn
+SELECT time/2 AS t, src_asn, count(*) AS n FROM samples GROUP BY time/2, src_asn;
+-- name: to_country
+SELECT time/2 AS t, dst_country, count(*) AS n FROM samples WHERE dst_country != 'US'
+GROUP BY time/2, dst_country;
+"""
+HOSTS = ["198.51.100.7", "203.0.113.9", "192.0.2.200", "2001:db8:1::5", "2001:db8:2::9",
+         "100.64.3.3"]
+GATEWAY_AS = 7018  # what the agent's extended gateway record says for some samples
+
+
+def records(version: int) -> dict:
+    """Networks around the hosts (the last host in none); version 2 moves them elsewhere."""
+    out = {}
+    for i, h in enumerate(HOSTS[:-1]):
+        net = f"{h}/{24 if '.' in h else 48}"
+        asn = [64496, 3320, 15169, 1221, 13335][(i + version) % 5]
+        country = ["NL", "DE", "US", "JP", "BR"][(i + 2 * version) % 5]
+        out[net] = {"autonomous_system_number": asn, "country": {"iso_code": country}}
+    return out
+
+
+def sample(k: int) -> tuple[str, str, bool]:
+    """Sample k's source, destination (of the source's family), and whether its gateway
+    record names an AS."""
+    src = HOSTS[k % len(HOSTS)]
+    same = [h for h in HOSTS if (":" in h) == (":" in src)]
+    return src, same[(3 * k + 1) % len(same)], k % 4 == 0
+
+
+def datagram(seq: int) -> bytes:
+    out = []
+    for j in range(3):
+        k = 3 * (seq - 1) + j
+        src, dst, gw = sample(k)
+        recs = [g.sampled_ip(100, 17, src, dst, 5000, 53, 0, 0)]
+        if gw:
+            recs.append(g.ext_gateway("192.0.2.1", 65000, GATEWAY_AS, 0, [(2, [3356])], [],
+                                      100))
+        out.append(g.flow_sample(k + 1, (0, 3), 1, k + 1, 0, (0, 3), (0, 4), recs))
+    return g.datagram(AGENT, 0, seq, 1000 + seq, out)
+
+
+def send(port: int, seqs) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for seq in seqs:
+            s.sendto(datagram(seq), ("127.0.0.1", port))
+            time.sleep(0.01)
+
+
+def truth(db, seqs) -> tuple[Counter, Counter]:
+    asn, country = Counter(), Counter()
+    with maxminddb.open_database(str(db)) as r:
+        for seq in seqs:
+            for j in range(3):
+                src, dst, gw = sample(3 * (seq - 1) + j)
+                asn[GATEWAY_AS if gw else oracle(r, src, ("autonomous_system_number",))] += 1
+                c = oracle(r, dst, ("country", "iso_code"))
+                if c is not None and c != "US":
+                    country[c] += 1
+    return asn, country
+
+
+def test_daemon_enriches_samples_and_reloads_a_changed_database(tmp_path):
+    db = write_db(tmp_path / "geo.mmdb", records(1))
+    first_db = write_db(tmp_path / "geo-1.mmdb", records(1))
+    listen = free_port()
+    cfg, port = daemon_config(tmp_path, [f"{{type: sflow, name: fabric, listen: "
+                                         f"['127.0.0.1:{listen}']}}"], QUERIES)
+    cfg.write_text(cfg.read_text() + f"enrich: {{asn: {db}, country: {db}, reload_s: 0.5}}\n")
+    base = f"http://127.0.0.1:{port}"
+
+    def value(name: str, labels: str) -> float:
+        return metric(httpx.get(f"{base}/metrics", timeout=10).text, name, labels)
+
+    logged = tmp_path / "daemon.log"
+    with open(logged, "w") as log:
+        proc = start_daemon(cfg, log)
+        try:
+            wait_for(lambda: daemon_ready(proc, base, logged), 240, "the daemon ready")
+            shown = httpx.get(f"{base}/enrichment", timeout=10).json()
+            assert shown["asn_precedence"] == "exporter"
+            assert {d["database"]: d["networks"] for d in shown["databases"]} == \
+                {"asn": 5, "country": 5}
+            send(listen, range(1, 21))
+            wait_for(lambda: value("flowsieve_enrich_tuples_total", 'stream="samples"') >= 60,
+                     60, "60 samples enriched")
+            # a new database replaces the file (renamed over it, as a download would)
+            write_db(tmp_path / "geo-2.mmdb", records(2))
+            os.replace(tmp_path / "geo-2.mmdb", db)
+            wait_for(lambda: value("flowsieve_enrich_reloads_total", 'database="asn"') >= 1 and
+                     value("flowsieve_enrich_reloads_total", 'database="country"') >= 1,
+                     60, "the databases reloaded")
+            send(listen, range(21, 41))
+            wait_for(lambda: value("flowsieve_enrich_tuples_total", 'stream="samples"') >= 120,
+                     60, "120 samples enriched")
+            client = httpx.Client(base_url=base, timeout=30)
+            end = time.time()
+            for q in ("by_asn", "to_country"):
+                wait_for(lambda q=q: (answers(client, q)[1] or 0) > end, 120,
+                         f"{q}'s windows closed")
+            by_asn, _ = answers(client, "by_asn")
+            to_country, _ = answers(client, "to_country")
+            client.close()
+        finally:
+            stop_daemon(proc)
+    a1, c1 = truth(first_db, range(1, 21))
+    a2, c2 = truth(db, range(21, 41))
+    got_asn, got_country = Counter(), Counter()
+    for r in by_asn:
+        got_asn[r["src_asn"]] += r["n"]
+    for r in to_country:
+        got_country[r["dst_country"]] += r["n"]
+    assert got_asn == a1 + a2
+    assert got_country == c1 + c2
+    assert a1 != a2 and None in got_asn and GATEWAY_AS in got_asn  # not vacuous
