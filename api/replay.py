@@ -247,7 +247,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     settings = settings or Settings()
     prefix_tables.configure(settings.tables)
     user_predicates.configure(settings.predicates)
-    enrichment.configure(settings.enrich)
+    enrichment.configure(settings.enrich, work / "spool")
     for q in queries:
         prefix_tables.check(q)
         user_predicates.check(q)

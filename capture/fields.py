@@ -6,6 +6,7 @@ are all derived from this table; nothing else re-types a field.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from dataclasses import dataclass
 
@@ -50,6 +51,9 @@ class Field:
     # node keyed only on such fields in a directly indexed array (a value outside, or NULL,
     # takes the hash table: a wrong bound costs speed, never an answer)
     values: int = 0
+    # a CODE field's codes: "letters" (two letters as 16 bits, decoded by arithmetic) or
+    # "text" (a hash of the text; decoded through the dictionary the probes publish)
+    codec: str = ""
 
     @property
     def arrow_type(self) -> pa.DataType:
@@ -299,17 +303,36 @@ class Enriched:
 ENRICHED: dict[str, dict[str, Enriched]] = {}
 
 
+# (field suffix, database, attribute, kind, small-code bound, meaning); each for src_ and dst_
+ENRICHMENTS = (
+    ("asn", "asn", "asn", INT64, 0, "AS number"),
+    ("as_name", "asn", "as_name", CODE, 0, "AS name (the database's organisation)"),
+    ("country", "country", "country", CODE, 1 << 16,
+     "country: ISO 3166-1 alpha-2 code ('NL')"),
+    ("continent", "country", "continent", CODE, 1 << 16, "continent code ('EU')"),
+    ("city", "city", "city", CODE, 0, "city (English name)"),
+    ("region", "city", "region", CODE, 0,
+     "region: the first subdivision's ISO 3166-2 code without its country ('NH', 'ENG')"),
+    ("net_name", "networks", "name", CODE, 0, "name of the network (enrich.networks)"),
+    ("net_role", "networks", "role", CODE, 0, "role of the network (enrich.networks)"),
+    ("net_site", "networks", "site", CODE, 0, "site of the network (enrich.networks)"),
+)
+LETTERS = frozenset({"country", "continent"})  # codes of two letters; the others: text codes
+
+
 def _enriched(stream: str, exported: bool) -> tuple[Field, ...]:
     out = []
     table = ENRICHED.setdefault(stream, {})
     for side, word in (("src", "source"), ("dst", "destination")):
         addr = f"{side}_ip"
-        table[f"{side}_asn"] = Enriched("asn", "asn", addr, f"{side}_as" if exported else None)
-        out.append(Field(f"{side}_asn", stream, INT64, "enrich", 6, 6, True, False,
-                         f"{word} AS number" + (" (enrich.asn_precedence)" if exported else "")))
-        table[f"{side}_country"] = Enriched("country", "country", addr)
-        out.append(Field(f"{side}_country", stream, CODE, "enrich", 6, 6, True, False,
-                         f"{word} country: ISO 3166-1 alpha-2 code ('NL')", values=1 << 16))
+        for suffix, database, attribute, kind, values, doc in ENRICHMENTS:
+            name = f"{side}_{suffix}"
+            sent = f"{side}_as" if exported and suffix == "asn" else None
+            table[name] = Enriched(database, attribute, addr, sent)
+            out.append(Field(name, stream, kind, "enrich", 6, 6, True, False,
+                             f"{word} {doc}" + (" (enrich.asn_precedence)" if sent else ""),
+                             values, "letters" if attribute in LETTERS else
+                             "text" if kind == CODE else ""))
     return tuple(out)
 
 
@@ -350,24 +373,39 @@ def enrichment_inputs(stream: str, names) -> set[str]:
 
 
 # -- codes of text fields (CODE): a country's two letters as one 16-bit number, 'NL' = 0x4E4C
-def code_of(text: str) -> int:
-    """The code of a country code (two ASCII letters, any case); ValueError otherwise."""
+_TEXTS: dict[int, str] = {}  # the text of each text code made here (queries' constants)
+
+
+def code_of(text: str, codec: str = "letters") -> int:
+    """The code of a text: two ASCII letters (any case) as 16 bits ('NL' = 0x4E4C; ValueError
+    otherwise), or for ``codec`` "text" the first 63 bits of the text's BLAKE2b hash (never 0
+    or negative): a function of the text alone, so every probe and every reload of a database
+    gives a text the same code, and equal texts group together in Spark."""
+    if codec == "text":
+        code = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(),
+                              "big") >> 1 or 1
+        _TEXTS.setdefault(code, text)
+        return code
     t = text.strip().upper()
     if len(t) != 2 or not (t.isascii() and t.isalpha()):
-        raise ValueError(f"{text!r} is not a two-letter country code")
+        raise ValueError(f"{text!r} is not a two-letter code")
     return ord(t[0]) << 8 | ord(t[1])
 
 
 def code_text(code: int) -> str:
-    return chr(code >> 8 & 0xFF) + chr(code & 0xFF)
+    """The text of a code: a text code's as ``code_of`` saw it, else its two letters."""
+    text = _TEXTS.get(code)
+    return text if text is not None else chr(code >> 8 & 0xFF) + chr(code & 0xFF)
 
 
 # the names of CODE fields (a name has one kind in every stream it is in)
 CODE_FIELDS = frozenset(f.name for s in STREAMS.values() for f in s.values() if f.kind == CODE)
+TEXT_FIELDS = frozenset(f.name for s in STREAMS.values() for f in s.values()
+                        if f.codec == "text")
 
 
 def code_texts(codes: np.ndarray) -> pa.Array:
-    """Codes (-1 NULL) as their text, without a Python loop."""
+    """Letter codes (-1 NULL) as their text, without a Python loop."""
     codes = np.asarray(codes, np.int64)
     valid = codes >= 0
     n = len(codes)

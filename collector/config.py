@@ -357,10 +357,17 @@ class EnrichConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     asn: EnrichDatabase | None = Field(None, description="MMDB of AS numbers (GeoLite2-ASN, "
-                                       "IPinfo ASN, DB-IP ASN): src_asn, dst_asn")
+                                       "IPinfo ASN, DB-IP ASN): src_asn, dst_asn, "
+                                       "src_as_name, dst_as_name")
     country: EnrichDatabase | None = Field(None, description="MMDB of countries (GeoLite2-"
                                            "Country or -City, IPinfo, DB-IP): src_country, "
-                                           "dst_country")
+                                           "dst_country, src_continent, dst_continent")
+    city: EnrichDatabase | None = Field(None, description="MMDB of cities (GeoLite2-City, "
+                                        "DB-IP City): src_city, dst_city, src_region, "
+                                        "dst_region")
+    networks: Path | None = Field(None, description="the operator's prefixes: a YAML map of "
+                                  "prefix to a name or {name, role, site}: src_net_name, "
+                                  "src_net_role, src_net_site and dst_ …")
     asn_precedence: Literal["exporter", "exporter-public", "database"] = Field(
         "exporter", description="src_asn/dst_asn of flows and sFlow samples: exporter: the AS "
         "the exporter sent where it sent one (not 0), else the database's; exporter-public: "
@@ -370,15 +377,19 @@ class EnrichConfig(BaseModel):
                             "one that changed is compiled in the background and taken between "
                             "batches")
 
-    @field_validator("asn", "country", mode="before")
+    @field_validator("asn", "country", "city", mode="before")
     @classmethod
     def _path(cls, v):
         return {"path": v} if isinstance(v, str | Path) else v
 
     def databases(self) -> dict[str, tuple[str, dict[str, str]]]:
         """``capture.enrich.configure``'s argument."""
-        return {name: (str(db.path), dict(db.paths))
-                for name, db in (("asn", self.asn), ("country", self.country)) if db}
+        out = {name: (str(db.path), dict(db.paths))
+               for name, db in (("asn", self.asn), ("country", self.country),
+                                ("city", self.city)) if db}
+        if self.networks is not None:
+            out["networks"] = (str(self.networks), {})
+        return out
 
 
 class SourceConfig(BaseModel):

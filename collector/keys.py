@@ -178,7 +178,10 @@ class KeyLayout:
                 c += 1
             else:
                 v = words[:, c]
-                cols[name] = code_texts(v) if kind == CODE else \
-                    pa.array(v, cat[name].arrow_type, mask=v < 0)
+                if kind == CODE and cat[name].codec == "letters":
+                    cols[name] = code_texts(v)
+                else:  # a text code stays a code until the answer (derive.answer_of_group)
+                    cols[name] = pa.array(v, pa.int64() if kind == CODE else
+                                          cat[name].arrow_type, mask=v < 0)
                 c += 1
         return cols, words[:, c:].view(np.uint64)

@@ -281,11 +281,13 @@ class WhereTranslator:
 
     def value(self, f: str, node) -> int | str:
         kind = self.cat[f].kind
-        if kind == CODE:  # text held as its code: 'NL' is 0x4E4C
+        if kind == CODE:  # text held as its code: 'NL' is 0x4E4C (fields.code_of)
             if not (isinstance(node, exp.Literal) and node.is_string):
-                raise self.err(f"{f} is compared with a quoted code, e.g. 'NL'", node)
+                raise self.err(f"{f} is compared with quoted text, e.g. "
+                               f"{'NL' if self.cat[f].codec == 'letters' else 'Google LLC'!r}",
+                               node)
             try:
-                return code_of(node.this)
+                return code_of(node.this, self.cat[f].codec)
             except ValueError as e:
                 raise self.err(f"{f}: {e}", node) from e
         if kind == STRING:

@@ -15,8 +15,10 @@ enriched by one version whole.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from capture.enrich.batch import EnrichedBatch
 from capture.enrich.databases import (
@@ -24,14 +26,18 @@ from capture.enrich.databases import (
     PRECEDENCES,
     Database,
     Enrichment,
+    Networks,
     file_stamp,
     load,
+    load_table,
 )
+from capture.enrich.dictionary import publish
 from capture.enrich.mmdb import MmdbError
 
 log = logging.getLogger("flowsieve.enrich")
 _current = Enrichment()
 _config: tuple[dict, str] = ({}, "exporter")
+_publish: Path | None = None  # where the texts of text codes go (dictionary.folder_of(spool))
 
 
 def current() -> Enrichment:
@@ -39,12 +45,24 @@ def current() -> Enrichment:
 
 
 def configure(databases: dict[str, tuple[str, dict[str, str]]],
-              asn_precedence: str = "exporter") -> Enrichment:
-    """Load the databases ``{name: (path, record paths)}`` now (errors raised: MmdbError)."""
-    global _current, _config
-    _current = load(databases, asn_precedence)
+              asn_precedence: str = "exporter",
+              publish_to: str | os.PathLike | None = None) -> Enrichment:
+    """Load the databases ``{name: (path, record paths)}`` now (errors raised: MmdbError),
+    and publish their texts into the dictionary folder ``publish_to``."""
+    global _current, _config, _publish
+    fresh = load(databases, asn_precedence)
+    _publish = Path(publish_to) if publish_to is not None else None
+    _published(fresh, list(fresh.databases))
+    _current = fresh
     _config = (dict(databases), asn_precedence)
     return _current
+
+
+def _published(e: Enrichment, names: list[str]) -> None:
+    """The texts of the databases ``names`` written before any batch they enrich."""
+    if _publish is not None:
+        for name in names:
+            publish(_publish, name, e.databases[name].texts)
 
 
 def missing(stream: str, names) -> list[tuple[str, str]]:
@@ -71,14 +89,16 @@ def reload_changed(on_error: Callable[[str, Exception], None] | None = None) -> 
         try:
             if old is not None and file_stamp(path) == old.stamp:
                 continue
-            fresh[name] = Database(name, path, paths)
+            fresh[name] = load_table(name, path, paths)
             done.append(name)
         except (OSError, MmdbError) as e:
             log.error("enrich.%s: %s: keeping the database loaded before", name, e)
             if on_error is not None:
                 on_error(name, e)
     if done:
-        _current = Enrichment(fresh, precedence)
+        swapped = Enrichment(fresh, precedence)
+        _published(swapped, done)
+        _current = swapped
         log.info("enrichment reloaded: %s", ", ".join(done))
     return done
 
@@ -103,4 +123,4 @@ class Reloader(threading.Thread):
 
 
 __all__ = ["DATABASES", "PRECEDENCES", "Database", "EnrichedBatch", "Enrichment", "MmdbError",
-           "Reloader", "configure", "current", "missing", "reload_changed"]
+           "Networks", "Reloader", "configure", "current", "missing", "reload_changed"]

@@ -12,8 +12,9 @@ from capture.fields import CODE, NULL_INT, SKETCH, code_texts, fields
 class EnrichedBatch:
     """``base`` and enrichment columns by catalogue name (integers; -1 NULL)."""
 
-    def __init__(self, base, cols: dict[str, np.ndarray]):
-        self.base, self.cols, self.stream = base, cols, base.stream
+    def __init__(self, base, cols: dict[str, np.ndarray], source=None):
+        # source: the Enrichment that computed them (the texts of its text codes)
+        self.base, self.cols, self.stream, self.source = base, cols, base.stream, source
 
     def __len__(self) -> int:
         return len(self.base)
@@ -39,11 +40,12 @@ class EnrichedBatch:
             return self.base.arrow(name)
         f = fields(self.stream)[base]
         if f.kind == CODE:
-            return code_texts(col)
+            return code_texts(col) if f.codec == "letters" else self.source.text_array(col)
         return pa.array(col, type=f.arrow_type, mask=col < 0)
 
     def take(self, idx: np.ndarray) -> EnrichedBatch:
-        return EnrichedBatch(self.base.take(idx), {k: v[idx] for k, v in self.cols.items()})
+        return EnrichedBatch(self.base.take(idx), {k: v[idx] for k, v in self.cols.items()},
+                             self.source)
 
     def rows(self) -> list[dict]:
         """Rows as dicts (tests and tools): the batch's, and the enrichment fields (codes as

@@ -145,7 +145,7 @@ class Collector(QueryService, Supervision):
     def _enrich(self, s: Settings) -> None:
         """The enrichment databases, loaded before any query is checked; their figures as
         gauges."""
-        enrichment.configure(s.enrich)
+        enrichment.configure(s.enrich, s.spool_dir)
         self._enrich_gauges(list(enrich.current().databases), reloaded=False)
 
     def _enrich_gauges(self, names: list[str], reloaded: bool = True) -> None:

@@ -3,17 +3,22 @@ reads only enrichment fields some configured database gives."""
 
 from __future__ import annotations
 
+import os
 import re
 
 from capture import enrich
+from capture.enrich.dictionary import folder_of
 from capture.fields import key_field
 from collector.config import EnrichConfig
 from planner.ir import Query, QueryError
 
 
-def configure(config: EnrichConfig) -> enrich.Enrichment:
-    """Load the configured databases (a bad file: ValueError with the file and reason)."""
-    return enrich.configure(config.databases(), config.asn_precedence)
+def configure(config: EnrichConfig, spool_root: str | os.PathLike | None = None
+              ) -> enrich.Enrichment:
+    """Load the configured databases (a bad file: ValueError with the file and reason), their
+    texts published beside the spool at ``spool_root`` (Spark's answers read them)."""
+    return enrich.configure(config.databases(), config.asn_precedence,
+                            folder_of(spool_root) if spool_root is not None else None)
 
 
 def read_fields(q: Query) -> set[str]:

@@ -30,7 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
-from capture.fields import IP, SKETCH, fields, key_field, measures
+from capture.enrich.dictionary import dictionary
+from capture.fields import IP, SKETCH, TEXT_FIELDS, fields, key_field, measures
 from collector.spark.write import QUERY, PartWriter
 from planner.ir import Query
 
@@ -63,6 +64,7 @@ class Folder:
     stream: str
     folder: str
     slots: tuple[tuple[int, Query], ...]
+    dictionary: str = ""  # the texts of text codes (capture/enrich/dictionary.py)
 
     @cached_property
     def by_slot(self) -> dict[int, Query]:
@@ -108,7 +110,8 @@ class Folder:
 
     def key_type(self, name: str) -> pa.DataType:
         f = fields(self.stream)[key_field(name)[0]]
-        return pa.binary() if f.kind == IP else f.arrow_type
+        return pa.binary() if f.kind == IP else pa.int64() if f.codec == "text" else \
+            f.arrow_type
 
     @cached_property
     def fan_schema(self) -> pa.Schema:
@@ -209,6 +212,8 @@ def answer_of_group(folder: Folder, table: pa.Table) -> tuple[Query, pa.Table]:
         for i, k in enumerate(folder.keys):
             if k in q.node_keys:
                 cols[k] = rows.column(f"k{i}")
+                if k in TEXT_FIELDS:  # grouped by code: the answer shows the text
+                    cols[k] = dictionary(folder.dictionary).lookup(cols[k])
         cols["cnt"] = rows.column("cnt")
         for m in q.measures:
             for a in ("sum", "min", "max"):

@@ -19,6 +19,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from capture.enrich.dictionary import folder_of
 from capture.fields import measures
 from collector.metrics import Metrics
 from collector.pipeline.spool import schema_for, spark_ddl
@@ -95,7 +96,8 @@ class SparkJob:
         """The folder's queries as they are now (the job planned next answers them)."""
         live = self.live()
         return Folder(stream, folder, tuple(sorted(
-            (s, q) for s, q in live.items() if q.stream == stream and q.folder == folder)))
+            (s, q) for s, q in live.items() if q.stream == stream and q.folder == folder)),
+            str(folder_of(self.spool_root)))
 
     def _answer(self, rows: DataFrame, stream: str, folder: str, job: str) -> None:
         """One Spark job: the answers of ``rows`` (partial rows, or a selection's tuples)

@@ -11,11 +11,13 @@ import shutil
 
 import maxminddb
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from capture import enrich
-from capture.enrich import Database, MmdbError
+from capture.enrich import Database, MmdbError, Networks
 from capture.enrich.databases import Enrichment
+from capture.enrich.dictionary import dictionary, publish
 from capture.fields import code_of, code_text
 from tests.enrichtools import (
     DATA,
@@ -29,13 +31,23 @@ from tests.enrichtools import (
 
 ASN_PATH = ("autonomous_system_number",)
 COUNTRY_PATH = ("country", "iso_code")
+# each attribute: the reader's path to it, and its code ('text': fields.code_of's hash)
+PATHS = {"asn": (ASN_PATH, None), "as_name": (("autonomous_system_organization",), "text"),
+         "country": (COUNTRY_PATH, "letters"), "continent": (("continent", "code"), "letters"),
+         "city": (("city", "names", "en"), "text"),
+         "region": (("subdivisions", "0", "iso_code"), "text")}
 
 
 def expected(reader, addrs, attribute):
-    if attribute == "asn":
-        return [oracle(reader, a, ASN_PATH) or -1 for a in addrs]
-    codes = [oracle(reader, a, COUNTRY_PATH) for a in addrs]
-    return [code_of(c) if c else -1 for c in codes]
+    path, codec = PATHS[attribute]
+    if attribute == "region":  # a list in the record: its first subdivision
+        values = [oracle(reader, a, ("subdivisions",)) for a in addrs]
+        values = [v[0].get("iso_code") if v else None for v in values]
+    else:
+        values = [oracle(reader, a, path) for a in addrs]
+    if codec is None:
+        return [v or -1 for v in values]
+    return [code_of(v, codec) if v else -1 for v in values]
 
 
 def looked_up(db: Database, addrs: list[str], attribute: str) -> list[int]:
@@ -47,7 +59,7 @@ def looked_up(db: Database, addrs: list[str], attribute: str) -> list[int]:
     return out
 
 
-def assert_equal_reader(db: Database, path, attribute: str, seed: int = 1) -> int:
+def assert_equal_reader(db, path, attribute: str, seed: int = 1) -> int:
     with maxminddb.open_database(str(path)) as reader:
         addrs = probe_addresses(reader, seed)
         want = expected(reader, addrs, attribute)
@@ -57,15 +69,27 @@ def assert_equal_reader(db: Database, path, attribute: str, seed: int = 1) -> in
     return len(addrs)
 
 
-@pytest.mark.parametrize("name", SHARED)
-def test_shared_databases_equal_maxminddb(name):
+SHARED_ATTRIBUTES = [(name, database, attribute) for name in SHARED
+                     for database, attribute in (
+                         [("asn", "asn"), ("asn", "as_name")] if "ASN" in name else
+                         [("country", "country"), ("country", "continent")] +
+                         ([("city", "city"), ("city", "region")] if "City" in name else []))]
+
+
+@pytest.mark.parametrize("name,database,attribute", SHARED_ATTRIBUTES)
+def test_shared_databases_equal_maxminddb(name, database, attribute):
     """MaxMind's test databases: every network's edges, their neighbours outside, addresses
-    inside and random ones, IPv4 and IPv6, equal the reader's."""
+    inside and random ones, IPv4 and IPv6, equal the reader's; each attribute (AS numbers and
+    names, countries and continents, cities and regions), texts by their codes."""
     path = DATA / f"{name}.mmdb"
-    attribute = "asn" if "ASN" in name else "country"
-    db = Database(attribute, path)
+    db = Database(database, path)
     assert db.networks > 100
+    with maxminddb.open_database(str(path)) as reader:
+        want = expected(reader, probe_addresses(reader, 1), attribute)
+    assert sum(w != -1 for w in want) > 20  # not vacuous
     assert assert_equal_reader(db, path, attribute) > 4000
+    if PATHS[attribute][1] == "text":  # the texts published for the codes
+        assert all(code_of(db.texts[int(c)], "text") == c for c in db.values[attribute] if c)
 
 
 @pytest.mark.parametrize("name", SHARED)
@@ -243,3 +267,65 @@ def test_reload_swaps_a_changed_file_and_keeps_the_last_good_one(tmp_path):
     assert errors and errors[0][0] == "asn" and "not a MaxMind DB" in errors[0][1]
     assert looked_up(enrich.current().databases["asn"], addrs, "asn") == [-1, 19281]
     enrich.configure({})
+
+
+NETWORKS = """# the operator's prefixes
+10.0.0.0/8: {name: corp, role: internal, site: ams1}
+10.1.0.0/16: {name: lab, role: internal}
+10.1.2.0/24: dmz
+10.1.2.128/25: {site: fra2}
+192.0.2.0/24: {name: docs, role: test}
+2001:db8::/32: {name: v6corp, site: ams1}
+2001:db8:5::/48: {role: transit}
+"""
+
+
+def test_networks_file_gives_the_most_specific_prefix(tmp_path):
+    """enrich.networks worked by hand: nested prefixes, the most specific one's values (a value
+    it lacks is NULL, not its parent's), IPv4 and IPv6, a bare name."""
+    path = tmp_path / "networks.yaml"
+    path.write_text(NETWORKS)
+    nets = Networks(path)
+    assert nets.networks == 7
+    addrs = ["10.9.9.9", "10.1.9.9", "10.1.2.1", "10.1.2.200", "10.1.3.0", "11.0.0.0",
+             "192.0.2.255", "192.0.3.0", "2001:db8:1::1", "2001:db8:5::9", "2001:db9::",
+             "9.255.255.255"]
+    want = {
+        "name": ["corp", "lab", "dmz", None, "lab", None, "docs", None, "v6corp", None, None,
+                 None],
+        "role": ["internal", "internal", None, None, "internal", None, "test", None, None,
+                 "transit", None, None],
+        "site": ["ams1", None, None, "fra2", None, None, None, None, "ams1", None, None, None],
+    }
+    col = address_column(addrs)
+    ok = np.ones(len(col), bool)
+    for attribute, texts in want.items():
+        got = nets.attribute(attribute, col, ok)
+        assert [nets.texts.get(int(c)) if c >= 0 else None for c in got] == texts, attribute
+
+
+@pytest.mark.parametrize("text,reason", [
+    ("10.0.0.300/8: x\n", "does not appear to be an IPv4 or IPv6 network"),
+    ("10.0.0.0/8: {name: x, colour: red}\n", "a name or a map of name, role, site"),
+    ("- 10.0.0.0/8\n", "a map of prefix"),
+    ("10.0.0.0/8: [x\n", "not YAML"),
+])
+def test_bad_networks_files_are_refused(tmp_path, text, reason):
+    path = tmp_path / "networks.yaml"
+    path.write_text(text)
+    with pytest.raises(MmdbError, match=reason):
+        Networks(path)
+
+
+def test_dictionary_published_and_read(tmp_path):
+    """Text codes' texts published by content (twice: one file) and read back; an unknown
+    code and a NULL are NULL."""
+    texts = {code_of(t, "text"): t for t in ("Google LLC", "Telstra", "Zürich")}
+    first = publish(tmp_path, "asn", texts)
+    assert publish(tmp_path, "asn", dict(texts)) == first
+    assert len(list(tmp_path.iterdir())) == 1
+    codes = [code_of("Zürich", "text"), None, 12345, code_of("Google LLC", "text")]
+    assert dictionary(tmp_path).lookup(pa.array(codes, pa.int64())).to_pylist() == [
+        "Zürich", None, None, "Google LLC"]
+    assert dictionary(tmp_path / "absent").lookup(pa.array([1], pa.int64())).to_pylist() == \
+        [None]

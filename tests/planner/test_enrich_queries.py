@@ -39,8 +39,8 @@ def test_flows_asn_reads_the_exported_as_too():
 
 @pytest.mark.parametrize("where,reason", [
     ("src_country < 'NL'", "supports =, != and IN"),
-    ("src_country = 5", "quoted code"),
-    ("src_country = 'NLD'", "not a two-letter country code"),
+    ("src_country = 5", "quoted text"),
+    ("src_country = 'NLD'", "not a two-letter code"),
     ("src_country BETWEEN 'A' AND 'B'", "integer field"),
 ])
 def test_bad_country_predicates(where, reason):
