@@ -293,9 +293,11 @@ class Enriched:
     attribute: str
     address: str
     exported: str | None = None
+    index: str | None = None  # an interface's: its ifIndex field (with the device's address)
 
     def describe(self) -> str:
-        text = f"enrich.{self.database} ({self.attribute}) of {self.address}"
+        of = f"{self.address}'s {self.index}" if self.index else self.address
+        text = f"enrich.{self.database} ({self.attribute}) of {of}"
         return f"{self.exported} as exported, else {text}" if self.exported else text
 
 
@@ -333,6 +335,17 @@ def _enriched(stream: str, exported: bool) -> tuple[Field, ...]:
                              f"{word} {doc}" + (" (enrich.asn_precedence)" if sent else ""),
                              values, "letters" if attribute in LETTERS else
                              "text" if kind == CODE else ""))
+    if stream in (F, S):  # the exporter's (agent's) interfaces: SNMP and enrich.interfaces
+        device = "exporter" if stream == F else "agent"
+        for side, word, index in (("in", "input", "input_if"), ("out", "output", "output_if")):
+            for attribute, kind, doc in (
+                    ("name", CODE, "interface's name (ifName)"),
+                    ("description", CODE, "interface's description (ifAlias)"),
+                    ("speed", INT64, "interface's speed in bits per second (ifHighSpeed)")):
+                name = f"{side}_if_{attribute}"
+                table[name] = Enriched("interfaces", attribute, device, index=index)
+                out.append(Field(name, stream, kind, "enrich", 6, 6, True, False,
+                                 f"the {word} {doc}", 0, "text" if kind == CODE else ""))
     return tuple(out)
 
 
@@ -367,8 +380,7 @@ def enrichment_inputs(stream: str, names) -> set[str]:
         e = table.get(n)
         if e is not None:
             out.add(e.address)
-            if e.exported:
-                out.add(e.exported)
+            out.update(f for f in (e.exported, e.index) if f)
     return out
 
 

@@ -351,6 +351,51 @@ class EnrichDatabase(BaseModel):
     paths: dict[str, str] = Field(default_factory=dict)
 
 
+class SnmpCredentials(BaseModel):
+    """How to poll one device: SNMP v2c with ``community``, or v3 with ``user`` (authPriv with
+    both keys, authNoPriv with ``auth_key`` only)."""
+
+    model_config = ConfigDict(extra="forbid")
+    community: SecretStr | None = None
+    user: str | None = None
+    auth_protocol: Literal["md5", "sha", "sha224", "sha256", "sha384", "sha512"] = "sha"
+    auth_key: SecretStr | None = None
+    priv_protocol: Literal["des", "aes", "aes192", "aes256"] = "aes"
+    priv_key: SecretStr | None = None
+    host: str | None = Field(None, description="where to send the requests (default: the "
+                             "device's address as its flows or samples name it)")
+    port: int = Field(161, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _one(self) -> SnmpCredentials:
+        if (self.community is None) == (self.user is None):
+            raise ValueError("give a community (SNMP v2c) or a user (SNMP v3)")
+        if self.user is not None and self.auth_key is None and self.priv_key is not None:
+            raise ValueError("a priv_key needs an auth_key")
+        return self
+
+
+class SnmpConfig(BaseModel):
+    """Interface names, descriptions and speeds polled from exporters and agents."""
+
+    model_config = ConfigDict(extra="forbid")
+    refresh_s: float = Field(300.0, gt=0, description="how often each device is polled")
+    timeout_s: float = Field(2.0, gt=0, le=60)
+    retries: int = Field(1, ge=0, le=10)
+    default: SnmpCredentials | None = Field(None, description="credentials for every exporter "
+                                            "and sFlow agent seen that devices does not name")
+    devices: dict[str, SnmpCredentials] = Field(default_factory=dict, description="device "
+                                                "address -> its credentials")
+
+    @field_validator("devices")
+    @classmethod
+    def _addresses(cls, v: dict) -> dict:
+        import ipaddress
+        for device in v:
+            ipaddress.ip_address(device)
+        return v
+
+
 class EnrichConfig(BaseModel):
     """Enrichment databases (capture/enrich/): each is optional; a query that reads a field of
     one that is not configured is refused at registration."""
@@ -368,6 +413,10 @@ class EnrichConfig(BaseModel):
     networks: Path | None = Field(None, description="the operator's prefixes: a YAML map of "
                                   "prefix to a name or {name, role, site}: src_net_name, "
                                   "src_net_role, src_net_site and dst_ …")
+    interfaces: Path | None = Field(None, description="interfaces of exporters and agents: a "
+                                    "YAML map of device address to ifIndex to a name or "
+                                    "{name, description, speed}; over what SNMP finds")
+    snmp: SnmpConfig | None = None
     asn_precedence: Literal["exporter", "exporter-public", "database"] = Field(
         "exporter", description="src_asn/dst_asn of flows and sFlow samples: exporter: the AS "
         "the exporter sent where it sent one (not 0), else the database's; exporter-public: "
@@ -389,6 +438,8 @@ class EnrichConfig(BaseModel):
                                 ("city", self.city)) if db}
         if self.networks is not None:
             out["networks"] = (str(self.networks), {})
+        if self.interfaces is not None or self.snmp is not None:
+            out["interfaces"] = (str(self.interfaces or ""), {})
         return out
 
 

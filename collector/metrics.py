@@ -243,6 +243,11 @@ class Metrics:
                                      "database", ["database"], registry=r)
         self.enrich_bytes = Gauge("flowsieve_enrich_bytes", "Memory of an enrichment "
                                   "database's compiled index", ["database"], registry=r)
+        self.snmp_polls = Counter("flowsieve_enrich_snmp_polls", "SNMP walks of a device's "
+                                  "interfaces, by outcome (ok, or why not: requesttimedout, "
+                                  "agent_error, …)", ["device", "outcome"], registry=r)
+        self.snmp_interfaces = Gauge("flowsieve_enrich_snmp_interfaces", "Interfaces a device "
+                                     "answered in its last good walk", ["device"], registry=r)
         self.rebuild_seconds = Histogram("flowsieve_rebuild_duration_seconds",
                                          "Plan rebuilds (register, delete, pause, rebuild)",
                                          registry=r, buckets=(0.005, 0.01, 0.025, 0.05, 0.1,

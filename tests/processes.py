@@ -101,13 +101,13 @@ def daemon_ready(proc: subprocess.Popen, base: str, log: Path) -> bool:
     return httpx.get(f"{base}/readyz", timeout=5).status_code == 200
 
 
-def stop_daemon(proc: subprocess.Popen) -> None:
-    """SIGTERM, and SIGKILL if it does not stop within a minute."""
+def stop_daemon(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGTERM, and SIGKILL if it does not stop within ``timeout`` (a minute)."""
     if proc.poll() is not None:
         return
     proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(timeout=60)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()

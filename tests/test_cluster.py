@@ -28,6 +28,7 @@ from api.replay import replay
 from collector.config import Settings
 from planner.query import parse_single
 from tests.helpers import ROOT, need
+from tests.netns import namespace
 from tests.processes import PERIOD, Feeder, answers, free_port, metric, wait_for, whole_windows
 from tests.reference import rows_of
 
@@ -50,53 +51,12 @@ def readme_commands() -> list[str]:
     return [line for line in block.splitlines() if line and not line.startswith("#")]
 
 
-def sh(*args: str) -> None:
-    subprocess.run(args, check=True, capture_output=True, text=True)
-
-
-def stale_namespaces() -> None:
-    """Remove the namespaces and veth pairs of earlier runs whose process is gone (a killed run
-    leaves its address on a host link, and the kernel would route this run's replies there)."""
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-    for ns in names:
-        m = re.fullmatch(r"fsc(\d+)", ns)
-        if m and not os.path.exists(f"/proc/{m[1]}"):
-            subprocess.run(["ip", "link", "del", f"{ns}a"], capture_output=True)
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-
-
-def free_subnet() -> tuple[str, str]:
-    """Two addresses of a /30 that no link of this host uses or routes."""
-    taken = subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True,
-                           text=True).stdout
-    for third in range(7, 256):
-        if f"10.213.{third}." not in taken:
-            return f"10.213.{third}.1", f"10.213.{third}.2"
-    raise AssertionError("no free /30 in 10.213.0.0/16")
-
-
 @pytest.fixture(scope="module")
 def netns():
     """A network namespace joined to this host by a veth pair: (namespace, the address here,
     the address there)."""
-    need(os.geteuid() == 0 and shutil.which("ip") is not None,
-         "the cluster test needs root and iproute2 (ip netns, veth)")
-    stale_namespaces()
-    host, peer = free_subnet()
-    ns, here, there = f"fsc{os.getpid()}", f"fsc{os.getpid()}a", f"fsc{os.getpid()}b"
-    sh("ip", "netns", "add", ns)
-    try:
-        sh("ip", "link", "add", here, "type", "veth", "peer", "name", there)
-        sh("ip", "link", "set", there, "netns", ns)
-        sh("ip", "addr", "add", f"{host}/30", "dev", here)
-        sh("ip", "link", "set", here, "up")
-        for cmd in (["ip", "addr", "add", f"{peer}/30", "dev", there],
-                    ["ip", "link", "set", there, "up"], ["ip", "link", "set", "lo", "up"]):
-            sh("ip", "netns", "exec", ns, *cmd)
-        yield ns, host, peer
-    finally:
-        subprocess.run(["ip", "link", "del", here], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    with namespace("fsc", "the cluster test") as ns:
+        yield ns
 
 
 def answer_task_hosts(events) -> dict[int, str]:

@@ -27,6 +27,7 @@ from tests.processes import (
     stop_daemon,
     wait_for,
 )
+from tests.snmptools import COMMUNITY, LINKS, snmp_agent  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +37,9 @@ SELECT time/2 AS t, src_asn, count(*) AS n FROM samples GROUP BY time/2, src_asn
 -- name: to_country
 SELECT time/2 AS t, dst_country, count(*) AS n FROM samples WHERE dst_country != 'US'
 GROUP BY time/2, dst_country;
+-- name: by_link
+SELECT time/2 AS t, in_if_name, in_if_description, in_if_speed, count(*) AS n FROM samples
+GROUP BY time/2, in_if_name, in_if_description, in_if_speed;
 """
 HOSTS = ["198.51.100.7", "203.0.113.9", "192.0.2.200", "2001:db8:1::5", "2001:db8:2::9",
          "100.64.3.3"]
@@ -61,6 +65,13 @@ def sample(k: int) -> tuple[str, str, bool]:
     return src, same[(3 * k + 1) % len(same)], k % 4 == 0
 
 
+LINK_INDEX: dict[str, int] = {}  # the agent's links' ifIndexes (set by the test)
+
+
+def in_link(k: int) -> str:
+    return "fsup0" if k % 2 else "fscust1"
+
+
 def datagram(seq: int) -> bytes:
     out = []
     for j in range(3):
@@ -70,7 +81,8 @@ def datagram(seq: int) -> bytes:
         if gw:
             recs.append(g.ext_gateway("192.0.2.1", 65000, GATEWAY_AS, 0, [(2, [3356])], [],
                                       100))
-        out.append(g.flow_sample(k + 1, (0, 3), 1, k + 1, 0, (0, 3), (0, 4), recs))
+        out.append(g.flow_sample(k + 1, (0, 3), 1, k + 1, 0, (0, LINK_INDEX[in_link(k)]),
+                                 (0, 4), recs))
     return g.datagram(AGENT, 0, seq, 1000 + seq, out)
 
 
@@ -94,13 +106,25 @@ def truth(db, seqs) -> tuple[Counter, Counter]:
     return asn, country
 
 
-def test_daemon_enriches_samples_and_reloads_a_changed_database(tmp_path):
+def test_daemon_enriches_samples_and_reloads_a_changed_database(tmp_path,
+                                                                snmp_agent):  # noqa: F811
+    """... and names the agent's input interfaces by SNMP (its agent address polled at the
+    namespace's snmpd: ``host``)."""
+    links = snmp_agent.links()
+    LINK_INDEX.update({name: i for i, (name, _) in links.items()})
+    speeds = snmp_agent.speeds()
     db = write_db(tmp_path / "geo.mmdb", records(1))
     first_db = write_db(tmp_path / "geo-1.mmdb", records(1))
     listen = free_port()
     cfg, port = daemon_config(tmp_path, [f"{{type: sflow, name: fabric, listen: "
                                          f"['127.0.0.1:{listen}']}}"], QUERIES)
-    cfg.write_text(cfg.read_text() + f"enrich: {{asn: {db}, country: {db}, reload_s: 0.5}}\n")
+    cfg.write_text(cfg.read_text() + f"""enrich:
+  asn: {db}
+  country: {db}
+  reload_s: 0.5
+  snmp: {{refresh_s: 1, devices: {{{AGENT}: {{community: {COMMUNITY}, host: {snmp_agent.address},
+    port: {snmp_agent.port}}}}}}}
+""")
     base = f"http://127.0.0.1:{port}"
 
     def value(name: str, labels: str) -> float:
@@ -113,8 +137,11 @@ def test_daemon_enriches_samples_and_reloads_a_changed_database(tmp_path):
             wait_for(lambda: daemon_ready(proc, base, logged), 240, "the daemon ready")
             shown = httpx.get(f"{base}/enrichment", timeout=10).json()
             assert shown["asn_precedence"] == "exporter"
-            assert {d["database"]: d["networks"] for d in shown["databases"]} == \
-                {"asn": 5, "country": 5}
+            assert {d["database"]: d.get("networks") for d in shown["databases"]} == \
+                {"asn": 5, "country": 5, "interfaces": None}
+            wait_for(lambda: value("flowsieve_enrich_snmp_polls_total",
+                                   f'device="{AGENT}",outcome="ok"') >= 1, 60,
+                     "the agent's interfaces polled")
             send(listen, range(1, 21))
             wait_for(lambda: value("flowsieve_enrich_tuples_total", 'stream="samples"') >= 60,
                      60, "60 samples enriched")
@@ -129,11 +156,12 @@ def test_daemon_enriches_samples_and_reloads_a_changed_database(tmp_path):
                      60, "120 samples enriched")
             client = httpx.Client(base_url=base, timeout=30)
             end = time.time()
-            for q in ("by_asn", "to_country"):
+            for q in ("by_asn", "to_country", "by_link"):
                 wait_for(lambda q=q: (answers(client, q)[1] or 0) > end, 120,
                          f"{q}'s windows closed")
             by_asn, _ = answers(client, "by_asn")
             to_country, _ = answers(client, "to_country")
+            by_link, _ = answers(client, "by_link")
             client.close()
         finally:
             stop_daemon(proc)
@@ -146,4 +174,12 @@ def test_daemon_enriches_samples_and_reloads_a_changed_database(tmp_path):
         got_country[r["dst_country"]] += r["n"]
     assert got_asn == a1 + a2
     assert got_country == c1 + c2
+    got_links = Counter()
+    for r in by_link:
+        got_links[(r["in_if_name"], r["in_if_description"], r["in_if_speed"])] += r["n"]
+    want_links = Counter()
+    for k in range(120):
+        name = in_link(k)
+        want_links[(name, LINKS[name], speeds[LINK_INDEX[name]] or None)] += 1
+    assert got_links == want_links
     assert a1 != a2 and None in got_asn and GATEWAY_AS in got_asn  # not vacuous

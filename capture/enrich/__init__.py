@@ -27,17 +27,19 @@ from capture.enrich.databases import (
     Database,
     Enrichment,
     Networks,
-    file_stamp,
     load,
     load_table,
 )
 from capture.enrich.dictionary import publish
 from capture.enrich.mmdb import MmdbError
+from capture.enrich.table import file_stamp
 
 log = logging.getLogger("flowsieve.enrich")
 _current = Enrichment()
 _config: tuple[dict, str] = ({}, "exporter")
 _publish: Path | None = None  # where the texts of text codes go (dictionary.folder_of(spool))
+_polled: dict = {}  # the interfaces SNMP found: {(device, ifIndex): Interface}
+_swap = threading.Lock()  # one swap at a time (the reloader's, the SNMP poller's)
 
 
 def current() -> Enrichment:
@@ -50,7 +52,7 @@ def configure(databases: dict[str, tuple[str, dict[str, str]]],
     """Load the databases ``{name: (path, record paths)}`` now (errors raised: MmdbError),
     and publish their texts into the dictionary folder ``publish_to``."""
     global _current, _config, _publish
-    fresh = load(databases, asn_precedence)
+    fresh = load(databases, asn_precedence, _polled)
     _publish = Path(publish_to) if publish_to is not None else None
     _published(fresh, list(fresh.databases))
     _current = fresh
@@ -80,27 +82,45 @@ def reload_changed(on_error: Callable[[str, Exception], None] | None = None) -> 
     a database that fails to load keeps the last one (``on_error(name, error)``). The names
     reloaded."""
     global _current
-    databases, precedence = _config
-    now = _current
-    fresh = dict(now.databases)
-    done = []
-    for name, (path, paths) in databases.items():
-        old = now.databases.get(name)
-        try:
-            if old is not None and file_stamp(path) == old.stamp:
-                continue
-            fresh[name] = load_table(name, path, paths)
-            done.append(name)
-        except (OSError, MmdbError) as e:
-            log.error("enrich.%s: %s: keeping the database loaded before", name, e)
-            if on_error is not None:
-                on_error(name, e)
-    if done:
-        swapped = Enrichment(fresh, precedence)
-        _published(swapped, done)
-        _current = swapped
+    with _swap:
+        databases, precedence = _config
+        now = _current
+        fresh = dict(now.databases)
+        done = []
+        for name, (path, paths) in databases.items():
+            old = now.databases.get(name)
+            try:
+                if old is not None and (not path or file_stamp(path) == old.stamp):
+                    continue
+                fresh[name] = load_table(name, path, paths, _polled)
+                done.append(name)
+            except (OSError, MmdbError) as e:
+                log.error("enrich.%s: %s: keeping the database loaded before", name, e)
+                if on_error is not None:
+                    on_error(name, e)
+        if done:
+            swapped = Enrichment(fresh, precedence)
+            _published(swapped, done)
+            _current = swapped
         log.info("enrichment reloaded: %s", ", ".join(done))
     return done
+
+
+def set_polled(polled: dict) -> None:
+    """What SNMP found now ({(device, ifIndex): Interface}): the interfaces table made again
+    (the static file over it) and swapped in, its texts published first."""
+    global _current, _polled
+    with _swap:
+        _polled = dict(polled)
+        databases, precedence = _config
+        if "interfaces" not in databases:
+            return
+        fresh = dict(_current.databases)
+        fresh["interfaces"] = load_table("interfaces", databases["interfaces"][0], None,
+                                         _polled)
+        swapped = Enrichment(fresh, precedence)
+        _published(swapped, ["interfaces"])
+        _current = swapped
 
 
 class Reloader(threading.Thread):
@@ -123,4 +143,5 @@ class Reloader(threading.Thread):
 
 
 __all__ = ["DATABASES", "PRECEDENCES", "Database", "EnrichedBatch", "Enrichment", "MmdbError",
-           "Networks", "Reloader", "configure", "current", "missing", "reload_changed"]
+           "Networks", "Reloader", "configure", "current", "missing", "reload_changed",
+           "set_polled"]

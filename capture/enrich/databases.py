@@ -22,11 +22,12 @@ from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
-import yaml
 
 from capture.enrich.batch import EnrichedBatch
-from capture.enrich.lpm import PrefixIndex, build
+from capture.enrich.interfaces import merged
+from capture.enrich.lpm import build
 from capture.enrich.mmdb import NO_DATA, MmdbError, MmdbFile, at_path
+from capture.enrich.table import Table, file_stamp, read_map
 from capture.fields import NULL_INT, code_of, enriched
 
 
@@ -83,51 +84,6 @@ DATABASES: dict[str, tuple[Attribute, ...]] = {
              Attribute("region", ("subdivisions.0.iso_code", "region_code"), _region, True)),
 }
 NETWORK_ATTRIBUTES = ("name", "role", "site")  # enrich.networks, a YAML file of prefixes
-
-
-def file_stamp(path: str) -> tuple[int, int]:
-    st = os.stat(path)
-    return st.st_mtime_ns, st.st_size
-
-
-class Table:
-    """A compiled database: its index, values per attribute and record, and the texts of its
-    text codes."""
-
-    name: str
-    path: str
-    stamp: tuple[int, int]
-    index: PrefixIndex
-    values: dict[str, np.ndarray]
-    texts: dict[int, str]
-    records: int
-    networks: int
-    load_s: float
-
-    @property
-    def nbytes(self) -> int:
-        return self.index.nbytes + sum(v.nbytes for v in self.values.values())
-
-    def lookup(self, addrs: np.ndarray, ok: np.ndarray) -> np.ndarray:
-        """Record ids of (n, 16) addresses (-1: none)."""
-        return self.index.lookup(addrs, ok)
-
-    def gather(self, attribute: str, ids: np.ndarray) -> np.ndarray:
-        """An attribute's values (int64, NULL -1) of record ids (-1: none)."""
-        out = self.values[attribute][ids].astype(np.int64)
-        out[(ids < 0) | (out == 0)] = NULL_INT
-        return out
-
-    def attribute(self, attribute: str, addrs: np.ndarray, ok: np.ndarray) -> np.ndarray:
-        """An attribute's values (int64, NULL -1) of (n, 16) addresses: the look-up and the
-        gather in one pass."""
-        return self.index.values(addrs, ok, self.values[attribute])
-
-    def describe(self) -> dict:
-        return {"database": self.name, "path": self.path, "records": self.records,
-                "networks": self.networks, "intervals": self.index.intervals,
-                "bytes": self.nbytes, "texts": len(self.texts),
-                "load_s": round(self.load_s, 3)}
 
 
 class Database(Table):
@@ -227,14 +183,9 @@ class Networks(Table):
         where = f"enrich.networks: {self.path}"
         try:
             self.stamp = file_stamp(self.path)
-            with open(self.path) as f:
-                doc = yaml.safe_load(f) or {}
         except OSError as e:
             raise MmdbError(f"{where}: {e.strerror or e}") from None
-        except yaml.YAMLError as e:
-            raise MmdbError(f"{where}: not YAML: {e}") from None
-        if not isinstance(doc, dict):
-            raise MmdbError(f"{where}: a map of prefix to name or {{name, role, site}}")
+        doc = read_map(self.path, where, "a map of prefix to name or {name, role, site}")
         v4: list[tuple[int, int, int]] = []
         v6: list[tuple[int, int, int]] = []
         rows: list[dict] = []
@@ -271,7 +222,11 @@ class Networks(Table):
         self.load_s = time.perf_counter() - started
 
 
-def load_table(name: str, path: str, paths: dict[str, str] | None = None) -> Table:
+def load_table(name: str, path: str, paths: dict[str, str] | None = None,
+               polled: dict | None = None) -> Table:
+    """A configured database; ``interfaces``: what SNMP ``polled``, the file over it."""
+    if name == "interfaces":
+        return merged(polled or {}, path or None)
     return Networks(path) if name == "networks" else Database(name, path, paths)
 
 
@@ -325,6 +280,9 @@ class Enrichment:
             key = (e.database, e.address)
             if db is None:
                 col = np.full(n, NULL_INT, np.int64)
+            elif e.index:  # an interface: (device, ifIndex)
+                col = db.gather(e.attribute, db.lookup_pairs(
+                    tb.column(e.address), tb.ip_valid(e.address), tb.column(e.index)))
             elif uses[key] == 1:
                 col = db.attribute(e.attribute, tb.column(e.address), tb.ip_valid(e.address))
             else:
@@ -347,11 +305,11 @@ class Enrichment:
         return np.where(sent, exported, found)
 
 
-def load(databases: dict[str, tuple[str, dict[str, str]]], asn_precedence: str = "exporter"
-         ) -> Enrichment:
+def load(databases: dict[str, tuple[str, dict[str, str]]], asn_precedence: str = "exporter",
+         polled: dict | None = None) -> Enrichment:
     """The enrichment of ``{name: (path, record paths)}``."""
     if asn_precedence not in PRECEDENCES:
         raise ValueError(f"enrich.asn_precedence: {asn_precedence!r} is not one of "
                          f"{', '.join(PRECEDENCES)}")
-    return Enrichment({name: load_table(name, path, paths)
+    return Enrichment({name: load_table(name, path, paths, polled)
                        for name, (path, paths) in databases.items()}, asn_precedence)

@@ -22,6 +22,7 @@ from collector.daemon.cluster import (
 from collector.daemon.process import freeze_startup_heap, no_huge_pages
 from collector.daemon.queries import QueryService
 from collector.daemon.registry import Registry
+from collector.daemon.snmp import SnmpPoller
 from collector.daemon.source_metrics import FlowCounters, stats_callback
 from collector.daemon.sources import Source, make_source
 from collector.daemon.supervision import Supervision
@@ -76,6 +77,7 @@ class Collector(QueryService, Supervision):
         self._retention_due = 0.0  # when retention runs next (time.monotonic)
         self._jvm_metrics = False  # the JVM's collector registered (once: it reads any JVM)
         self._enrich_reloader: enrich.Reloader | None = None
+        self.snmp: SnmpPoller | None = None
         self.started = False
 
     def start(self, with_sources: bool = True, with_spark: bool = True) -> None:
@@ -140,6 +142,9 @@ class Collector(QueryService, Supervision):
                 self._enrich_reloader = enrich.Reloader(s.enrich.reload_s, self._enrich_gauges,
                                                         self._enrich_failed)
                 self._enrich_reloader.start()
+            if s.enrich.snmp is not None:
+                self.snmp = SnmpPoller(s.enrich.snmp, self._devices_seen, self.metrics)
+                self.snmp.start()
         self.started = True
 
     def _enrich(self, s: Settings) -> None:
@@ -160,6 +165,10 @@ class Collector(QueryService, Supervision):
     def _enrich_failed(self, name: str, error: Exception) -> None:
         self.metrics.enrich_errors.labels(name).inc()
 
+    def _devices_seen(self) -> list[str]:
+        """The exporters and sFlow agents the listeners have heard from."""
+        return sorted({e["exporter"] for e in self.exporters()})
+
     def stop(self) -> None:
         """A clean stop within ``shutdown_timeout_s``: the sources stop (a durable one commits
         where it is), every engine's partials go to the spool and no window closes; Spark
@@ -172,6 +181,8 @@ class Collector(QueryService, Supervision):
         self._stop.set()
         if self._enrich_reloader is not None:
             self._enrich_reloader.stop()
+        if self.snmp is not None:
+            self.snmp.stop()
         for t in self._threads:  # each flushes its engine's partials when it ends
             t.join(timeout=max(0.0, deadline - jvm_share - time.monotonic()))
         left = [t.name for t in self._threads if t.is_alive()]
