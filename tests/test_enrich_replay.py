@@ -47,6 +47,9 @@ WHERE src_as_name != 'Telstra' GROUP BY time/86400, src_as_name, dst_city, dst_n
 -- name: sites
 SELECT time/86400 AS t, src_net_site, src_net_role, count(*) AS n FROM packets
 GROUP BY time/86400, src_net_site, src_net_role;
+-- name: spread
+SELECT time/86400 AS t, src_country, count(DISTINCT dst_as_name) AS d FROM packets
+GROUP BY time/86400, src_country;
 """
 
 
@@ -131,6 +134,11 @@ def test_enriched_queries_equal_maxminddb_per_packet(spark, tmp_path):
             want["not_us"][s_c] += 1
         if s_asn == picked_asn:
             picked.append((src, s_asn, d_c, ORGS.get(s_asn)))
+    spread: dict = {}
+    for _, d_asn, s_c, *_rest in look:
+        spread.setdefault(s_c, set())
+        if d_asn is not None:
+            spread[s_c].add(ORGS[d_asn])
     want_names, want_sites = Counter(), Counter()
     for s_org, d_city, d_net, s_site, s_role in names:
         if s_org is not None and s_org != "Telstra":
@@ -154,6 +162,8 @@ def test_enriched_queries_equal_maxminddb_per_packet(spark, tmp_path):
                     for r in got["names"]}) == want_names
     assert Counter({(r["src_net_site"], r["src_net_role"]): r["n"]
                     for r in got["sites"]}) == want_sites
+    assert {r["src_country"]: r["d"] for r in got["spread"]} == \
+        {c: len(v) for c, v in spread.items()}
     assert len(want_names) >= 4 and len(want_sites) >= 3
     # not vacuous: several ASes and countries, NULLs among them
     assert len(want["by_asn"]) >= 4 and None in want["by_asn"]

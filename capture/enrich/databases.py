@@ -13,6 +13,7 @@ text's hash, ``fields.code_of``), 0 for none. Enriching a batch is then one numb
 
 from __future__ import annotations
 
+import ctypes
 import ipaddress
 import os
 import time
@@ -25,7 +26,7 @@ import pyarrow as pa
 
 from capture.enrich.batch import EnrichedBatch
 from capture.enrich.interfaces import merged
-from capture.enrich.lpm import build
+from capture.enrich.lpm import PrefixIndex, build
 from capture.enrich.mmdb import NO_DATA, MmdbError, MmdbFile, at_path
 from capture.enrich.table import Table, file_stamp, read_map
 from capture.fields import NULL_INT, code_of, enriched
@@ -109,22 +110,21 @@ class Database(Table):
         h6, l6, r6 = f.leaves(v6=True)
         offsets = np.unique(np.concatenate([r4[r4 >= 0], r6[r6 >= 0]]))
         self.records = len(offsets)
-        decoded = [f.record(int(o)) for o in offsets]
         self.paths = {a: (paths[a],) if paths and a in paths else attrs[a].paths for a in attrs}
-        self.values, self.texts = {}, {}
-        for a in attrs.values():
-            col = np.zeros(self.records + 1, a.dtype)
-            split = [tuple(p.split(".")) for p in self.paths[a.name]]
-            for i, rec in enumerate(decoded):
-                for path in split:
+        self.values = {a.name: np.zeros(self.records + 1, a.dtype) for a in attrs.values()}
+        self.texts = {}
+        split = {a: [tuple(p.split(".")) for p in self.paths[a]] for a in attrs}
+        for i, offset in enumerate(offsets.tolist()):  # each record decoded, read, let go
+            rec = f.record(offset)
+            for a in attrs.values():
+                for path in split[a.name]:
                     raw = at_path(rec, path)
                     v = a.convert(raw)
                     if v:
-                        col[i] = v
+                        self.values[a.name][i] = v
                         if a.text:
                             self.texts[v] = raw.strip()
                         break
-            self.values[a.name] = col
 
         def ids(rec: np.ndarray) -> np.ndarray:  # data offsets as record ids (-1 none)
             out = rec.copy()
@@ -135,12 +135,23 @@ class Database(Table):
 
         self.index = build((l4 & np.uint64(0xFFFFFFFF), ids(r4)), (h6, l6, ids(r6)))
         self.networks = int((r4 >= 0).sum() + (r6 >= 0).sum())
+        del f, h4, l4, r4, h6, l6, r6
+        give_back()
         self.load_s = time.perf_counter() - started
 
     def describe(self) -> dict:
         return {**super().describe(), "type": self.database_type,
                 "build_epoch": self.build_epoch,
                 "paths": {a: list(p) for a, p in self.paths.items()}}
+
+
+def give_back() -> None:
+    """Return the heap a load's transient objects (the decoded records, the file's bytes) freed
+    to the kernel (glibc keeps it otherwise; a daemon loads once and runs for months)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _segments(prefixes: list[tuple[int, int, int]], top: int) -> list[tuple[int, int]]:
@@ -274,11 +285,14 @@ class Enrichment:
         ids: dict[tuple[str, str], np.ndarray] = {}
         cols: dict[str, np.ndarray] = {}
         n = len(tb)
+        found = self._pairs(tb, table, names, uses)  # src_ and dst_ of one attribute at once
         for name in names:
             e = table[name]
             db = self.databases.get(e.database)
             key = (e.database, e.address)
-            if db is None:
+            if name in found:
+                col = found[name]
+            elif db is None:
                 col = np.full(n, NULL_INT, np.int64)
             elif e.index:  # an interface: (device, ifIndex)
                 col = db.gather(e.attribute, db.lookup_pairs(
@@ -293,6 +307,27 @@ class Enrichment:
                 col = self._precede(np.asarray(tb.column(e.exported), np.int64), col)
             cols[name] = col
         return EnrichedBatch(tb, cols, self)
+
+    def _pairs(self, tb, table, names: list[str], uses: dict) -> dict[str, np.ndarray]:
+        """The fields that are one attribute of one prefix database by two addresses each read
+        alone (src_asn and dst_asn), looked up two at a time."""
+        by: dict[tuple[str, str], list[str]] = {}
+        for name in names:
+            e = table[name]
+            db = self.databases.get(e.database)
+            if db is not None and not e.index and uses[(e.database, e.address)] == 1 and \
+                    isinstance(db.index, PrefixIndex):
+                by.setdefault((e.database, e.attribute), []).append(name)
+        out = {}
+        for (database, attribute), pair in by.items():
+            if len(pair) != 2:
+                continue
+            a, b = (table[x].address for x in pair)
+            db = self.databases[database]
+            out[pair[0]], out[pair[1]] = db.index.values_pair(
+                tb.column(a), tb.ip_valid(a), tb.column(b), tb.ip_valid(b),
+                db.values[attribute])
+        return out
 
     def _precede(self, exported: np.ndarray, found: np.ndarray) -> np.ndarray:
         """An AS from what the exporter sent and what the database says (0 and NULL:

@@ -176,6 +176,20 @@ def lookup_values(words, ok, t24, chunks, t6, i6, sub_of, sub, values, out):
         out[i] = v if v != 0 else -1
 
 
+@kernel
+def lookup_values_pair(wa, oka, wb, okb, t24, chunks, t6, i6, sub_of, sub, values, out_a,
+                       out_b):
+    """``lookup_values`` of two address columns at once (a tuple's source and destination):
+    each iteration has two independent searches for the processor to overlap."""
+    for i in range(wa.shape[0]):
+        ra = record_of(wa[i, 0], wa[i, 1], t24, chunks, t6, i6, sub_of, sub) if oka[i] else -1
+        rb = record_of(wb[i, 0], wb[i, 1], t24, chunks, t6, i6, sub_of, sub) if okb[i] else -1
+        va = np.int64(values[ra]) if ra >= 0 else 0
+        vb = np.int64(values[rb]) if rb >= 0 else 0
+        out_a[i] = va if va != 0 else -1
+        out_b[i] = vb if vb != 0 else -1
+
+
 @dataclass
 class PrefixIndex:
     """The compiled tables of both families (values: record ids, -1 none)."""
@@ -207,6 +221,15 @@ class PrefixIndex:
         lookup_values(_words(addrs), ok, self.t24, self.chunks, self.t6, self.i6,
                       self.sub_of, self.sub, values, out)
         return out
+
+
+    def values_pair(self, a: np.ndarray, ok_a: np.ndarray, b: np.ndarray, ok_b: np.ndarray,
+                    values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``values`` of two address columns of one batch in one pass."""
+        out_a, out_b = np.empty(len(a), np.int64), np.empty(len(b), np.int64)
+        lookup_values_pair(_words(a), ok_a, _words(b), ok_b, self.t24, self.chunks, self.t6,
+                           self.i6, self.sub_of, self.sub, values, out_a, out_b)
+        return out_a, out_b
 
 
 def _words(addrs: np.ndarray) -> np.ndarray:

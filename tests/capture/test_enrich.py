@@ -51,11 +51,14 @@ def expected(reader, addrs, attribute):
 
 
 def looked_up(db: Database, addrs: list[str], attribute: str) -> list[int]:
-    """Record ids gathered, and the look-up that gathers as it goes: the same."""
+    """Record ids gathered, the look-up that gathers as it goes, and two columns at once: the
+    same."""
     col = address_column(addrs)
     ok = np.ones(len(col), bool)
     out = db.gather(attribute, db.lookup(col, ok)).tolist()
     assert db.attribute(attribute, col, ok).tolist() == out
+    a, b = db.index.values_pair(col, ok, col[::-1].copy(), ok, db.values[attribute])
+    assert a.tolist() == out and b.tolist() == out[::-1]  # two columns in one pass
     return out
 
 
