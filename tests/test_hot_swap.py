@@ -1,6 +1,6 @@
 """Hot swap under traffic (issue 14): while the daemon reads a capture that grows in real time,
-1,000 queries are registered and deleted over HTTP — 800 in concurrent bursts of 100 (a burst's
-registrations may share plan versions), 200 one at a time, each deleted 100 registrations
+1,000 queries are registered and deleted over HTTP — 900 in concurrent bursts of 100 (a burst's
+registrations may share plan versions), 100 one at a time, each deleted 50 registrations
 later. Every batch is processed under exactly one plan version (the tuples counted per version
 add up to the packets written: nothing lost, nothing twice), and every query's answers for the
 whole windows it was registered for equal a `replay` of the final capture (three queries that
@@ -34,7 +34,8 @@ from tests.reference import rows_of
 
 pytestmark = pytest.mark.slow
 
-BURSTS = 800  # queries registered in bursts of 100 (the other 200 one at a time)
+BURSTS = 900  # queries registered in bursts of 100 (the other 100 one at a time)
+LAG = 50  # a query registered one at a time is deleted this many registrations later
 SWAP = 2  # this test's window: two whole windows of each of 1,000 queries, soon
 STABLE = {
     "all": f"SELECT time/{SWAP} AS t, count(*) AS n, sum(wirelen) AS b FROM packets "
@@ -144,7 +145,7 @@ def test_register_and_delete_1000_queries_under_traffic(tmp_path, spark):
         wait_for(lambda: answers(client, "all")[1], 240, "a first complete window")
         lap("daemon up, first window")
         with ThreadPoolExecutor(8) as pool:
-            # 800 in eight bursts of 100 concurrent registrations; a burst is deleted (100
+            # 900 in nine bursts of 100 concurrent registrations; a burst is deleted (100
             # concurrent deletions) once the next is registered and it has two whole windows
             bursts = [names[b * 100:(b + 1) * 100] for b in range(BURSTS // 100)]
             for b, burst in enumerate(bursts):
@@ -153,13 +154,13 @@ def test_register_and_delete_1000_queries_under_traffic(tmp_path, spark):
                     retire(bursts[b - 1], pool)
             retire(bursts[-1], pool)
             lap(f"{BURSTS} in bursts")
-            # the rest one at a time, each deleted 100 registrations later
+            # the rest one at a time, each deleted LAG registrations later
             single = names[BURSTS:]
             for i, name in enumerate(single):
                 register(name, churn[name])
-                if i >= 100:
-                    retire([single[i - 100]])
-            for name in single[-100:]:
+                if i >= LAG:
+                    retire([single[i - LAG]])
+            for name in single[-LAG:]:
                 retire([name])
             lap(f"{len(single)} one at a time")
         assert [q["name"] for q in client.get("/queries").json()] == list(STABLE)
@@ -183,8 +184,8 @@ def test_register_and_delete_1000_queries_under_traffic(tmp_path, spark):
 
     # every packet under exactly one plan version: the counts add up to what was written
     assert sum(v["tuples"].get("traffic", 0) for v in versions) == written
-    # a plan per registration or deletion one at a time (3 + 200 + 200), and at least one per
-    # burst of 100 concurrent ones (8 + 8): concurrent changes may share one (group commit)
+    # a plan per registration or deletion one at a time (3 + 100 + 100), and at least one per
+    # burst of 100 concurrent ones (9 + 9): concurrent changes may share one (group commit)
     assert max(v["version"] for v in versions) >= 3 + 2 * (1000 - BURSTS) + 2 * BURSTS // 100
     assert len({v["version"] for v in versions}) == len(versions)
 
