@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from capture.enrich.mmdb import V4_HERE
-from capture.jit import allocating, kernel, kernel_inline
+from capture.jit import allocating, kernel, kernel_inline, prefetch
 
 BLOCK_BITS = 16
 DENSE = 64  # a /16 of more IPv6 intervals than this gets a second index
@@ -169,19 +169,38 @@ def lookup(words, ok, t24, chunks, t6, i6, sub_of, sub, out):
 def lookup_values(words, ok, t24, chunks, t6, i6, sub_of, sub, values, out):
     """``values`` (uint32, 0 none) of the records of addresses (as ``lookup``) as int64, -1
     (NULL) for none."""
-    for i in range(words.shape[0]):
+    n = words.shape[0]
+    for i in range(n):
+        if i + AHEAD < n:
+            prefetch4(words, i + AHEAD, t24)
         r = record_of(words[i, 0], words[i, 1], t24, chunks, t6, i6, sub_of,
                       sub) if ok[i] else -1
         v = np.int64(values[r]) if r >= 0 else 0
         out[i] = v if v != 0 else -1
 
 
+@kernel_inline
+def prefetch4(words, j, t24):
+    """Prefetch the IPv4 table's entry of address ``j`` (IPv4 addresses only)."""
+    w1 = words[j, 1]
+    if words[j, 0] == 0 and (w1 & np.uint64(0xFFFFFFFF)) == np.uint64(0xFFFF0000):
+        prefetch(t24, (bswap64(w1) & np.uint64(0xFFFFFFFF)) >> np.uint64(8))
+
+
+AHEAD = 12  # addresses whose table entry is asked for before it is read
+
+
 @kernel
 def lookup_values_pair(wa, oka, wb, okb, t24, chunks, t6, i6, sub_of, sub, values, out_a,
                        out_b):
     """``lookup_values`` of two address columns at once (a tuple's source and destination):
-    each iteration has two independent searches for the processor to overlap."""
-    for i in range(wa.shape[0]):
+    each iteration has two independent searches for the processor to overlap, and asks for
+    the table entries of the addresses ``AHEAD`` iterations on."""
+    n = wa.shape[0]
+    for i in range(n):
+        if i + AHEAD < n:
+            prefetch4(wa, i + AHEAD, t24)
+            prefetch4(wb, i + AHEAD, t24)
         ra = record_of(wa[i, 0], wa[i, 1], t24, chunks, t6, i6, sub_of, sub) if oka[i] else -1
         rb = record_of(wb[i, 0], wb[i, 1], t24, chunks, t6, i6, sub_of, sub) if okb[i] else -1
         va = np.int64(values[ra]) if ra >= 0 else 0
