@@ -29,24 +29,25 @@ def stale_namespaces(prefix: str) -> None:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def free_subnet() -> tuple[str, str]:
-    """Two addresses of a /30 that no link of this host uses or routes."""
+def free_subnet(first: int = 7) -> tuple[str, str]:
+    """Two addresses of a /30 that no link of this host uses or routes, searched from
+    10.213.``first``.0 (each user its own range: two xdist workers may look at once)."""
     taken = subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True,
                            text=True).stdout
-    for third in range(7, 256):
+    for third in range(first, 256):
         if f"10.213.{third}." not in taken:
             return f"10.213.{third}.1", f"10.213.{third}.2"
     raise AssertionError("no free /30 in 10.213.0.0/16")
 
 
 @contextmanager
-def namespace(prefix: str, why: str) -> Iterator[tuple[str, str, str]]:
+def namespace(prefix: str, why: str, first: int = 7) -> Iterator[tuple[str, str, str]]:
     """A namespace ``<prefix><pid>`` joined by a veth pair: (namespace, the address here, the
     address there); removed afterwards."""
     need(os.geteuid() == 0 and shutil.which("ip") is not None,
          f"{why} needs root and iproute2 (ip netns, veth)")
     stale_namespaces(prefix)
-    host, peer = free_subnet()
+    host, peer = free_subnet(first)
     ns = f"{prefix}{os.getpid()}"
     here, there = f"{ns}a", f"{ns}b"
     sh("ip", "netns", "add", ns)

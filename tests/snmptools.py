@@ -82,7 +82,7 @@ def snmp_agent(tmp_path_factory):
     end, on port 1161 of the namespace's address."""
     need_tool("snmpd")
     need_tool("snmpbulkwalk")
-    with namespace("fss", "the SNMP test") as (ns, _, peer):
+    with namespace("fss", "the SNMP test", first=131) as (ns, _, peer):
         for name in LINKS:  # veth pairs (this kernel may lack dummy links)
             sh("ip", "-n", ns, "link", "add", name, "type", "veth", "peer", "name", f"{name}p")
             sh("ip", "-n", ns, "link", "set", name, "up")
