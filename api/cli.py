@@ -336,7 +336,8 @@ def _measure(plan, capture: str, residual=None):
     keys = sorted({k for qp in aggs for k in qp.query.keys})
     r = residual or ResidualConfig()
     stage = Residual(plan, "packets", r.ordering, r.profile_probability, r.profile_window,
-                     r.alpha, r.sweep_stage, ValueCache(r.value_cache), budget=r.profile_budget)
+                     r.alpha, r.sweep_stage, ValueCache(r.value_cache, r.adapt),
+                     budget=r.profile_budget, adapt=r.adapt)
     for raw in open_capture(capture):
         tb = unpack(raw)
         rows = np.arange(len(tb))

@@ -285,6 +285,9 @@ class ResidualConfig(BaseModel):
     sweep_stage: int = Field(500, ge=10, description="Sweep: profile tuples per stage")
     profile_budget: float = Field(0.1, gt=0, le=1, description="profiling's share of the "
                                   "residual stage's time at most (it pauses beyond)")
+    adapt: bool = Field(True, description="profiling and the value cache measure what they "
+                        "save and turn themselves down where it is less than they cost "
+                        "(false: always at profile_probability, the cache always used)")
     value_cache: int = Field(65536, ge=0, description="outcomes of regular expressions kept "
                              "by value (LRU; DNS names repeat); 0: none")
 

@@ -83,6 +83,25 @@ class Metrics:
         self.residual_position = Gauge("flowsieve_residual_position",
                                        "Each residual predicate's position in the order it "
                                        "runs (0 first)", ["stream", "predicate"], registry=r)
+        self.residual_profile = Gauge("flowsieve_residual_profile_probability",
+                                      "Probability a dropped tuple is profiled now (A-Greedy; "
+                                      "residual.profile_probability while the order is being "
+                                      "learned, 1/64 of it once it holds or does not pay)",
+                                      ["stream"], registry=r)
+        self.residual_seconds = Counter("flowsieve_residual_seconds",
+                                        "Time in the residual stage, by part (filter: the "
+                                        "predicates' real work; profile: profiling and "
+                                        "reordering)", ["stream", "part"], registry=r)
+        self.residual_saved = Gauge("flowsieve_residual_saved_seconds",
+                                    "Time the adaptive parts saved, net of their own cost "
+                                    "(order: evaluations the learned order spared against the "
+                                    "order before it, less profiling; cache: hits times a "
+                                    "value's cost, less the look-ups), since the engine started",
+                                    ["stream", "by"], registry=r)
+        self.residual_cache_on = Gauge("flowsieve_residual_cache_on",
+                                       "1 while the value cache is used for a predicate, 0 "
+                                       "while it is off because it did not pay",
+                                       ["stream", "predicate"], registry=r)
         self.residual_errors = Counter("flowsieve_residual_errors",
                                        "Values on which a user predicate raised (counted as "
                                        "false; each distinct value of a batch once)",

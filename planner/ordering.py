@@ -86,6 +86,34 @@ class AdaptiveOrder:
                 return False
         return True
 
+    def carry(self, old: AdaptiveOrder, mapping: dict[int, int]) -> None:
+        """Take what ``old`` learned for the filters both have (``mapping``: old index -> this
+        one's): their order first, as ``old`` ran them, then this one's new filters in their
+        order (later positions are profiled on every profile tuple, so new filters are
+        learned about first); the profile window restricted to the kept filters, their
+        measured times, and the counters. A filter ``old`` had and this one has not is
+        forgotten: a profile tuple it alone dropped now passes every filter it saw."""
+        kept = [mapping[f] for f in old.order if f in mapping]
+        fresh = set(kept)
+        self.order = kept + [f for f in self.order if f not in fresh]
+        self.profile.clear()
+        self._time_sum, self._time_n = [0.0] * self.n, [0] * self.n
+        for t in old.profile:
+            self.profile.append(Profile(
+                frozenset(mapping[f] for f in t.drops if f in mapping),
+                frozenset(mapping[f] for f in t.evaluated if f in mapping),
+                {mapping[f]: x for f, x in t.times.items() if f in mapping}))
+        while len(self.profile) > self.window:
+            self.profile.popleft()
+        for t in self.profile:
+            for f, x in t.times.items():
+                self._time_sum[f] += x
+                self._time_n[f] += 1
+        self.profiled, self.reorders, self.violations = old.profiled, old.reorders, \
+            old.violations
+        self.work, self.profile_work = old.work, old.profile_work
+        self._recompute()
+
     # -- the profiler
     def wants_profile(self) -> bool:
         """Whether to profile the tuple just dropped (drop-profiling probability ``p``)."""
@@ -104,6 +132,14 @@ class AdaptiveOrder:
     def a(self, f: int) -> float:
         """Average processing time of filter ``f`` over the window (1 without samples)."""
         return self._time_sum[f] / self._time_n[f] if self._time_n[f] else 1.0
+
+    def timed(self, f: int) -> bool:
+        """Whether the window holds a measured time of filter ``f``."""
+        return self._time_n[f] > 0
+
+    def forget(self) -> None:
+        """Empty the profile window (the stream it described is gone); the order stays."""
+        self._reset()
 
     # -- the matrix view
     def _dropped_at(self, t: Profile) -> int:

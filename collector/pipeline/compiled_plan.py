@@ -69,9 +69,10 @@ def maintained_nodes(plan: Plan, stream: str, folder: str
 
 def compile_plan(plan: Plan, stream: str, asc: AscConfig, residual: ResidualConfig,
                  lfta: LftaConfig, om: OmConfig, value_cache: ValueCache,
-                 finite: bool) -> CompiledPlan:
+                 finite: bool, previous: CompiledPlan | None = None) -> CompiledPlan:
     """``plan`` for ``stream``'s engine; ``finite``: an input with no arrival rate to chart
-    (``replay``), whose nodes keep ``lfta.capacity``."""
+    (``replay``), whose nodes keep ``lfta.capacity``; ``previous``: the plan it replaces, whose
+    residual stage's learned order carries over."""
     cp = compile_prefilter(plan, stream)
     folders = []
     for folder in plan.folders(stream):
@@ -92,7 +93,8 @@ def compile_plan(plan: Plan, stream: str, asc: AscConfig, residual: ResidualConf
     runtime = AscRuntime(cp, asc.strategy, asc.period_tuples, asc.mu, asc.sample)
     r = residual
     stage = Residual(plan, stream, r.ordering, r.profile_probability, r.profile_window, r.alpha,
-                     r.sweep_stage, value_cache, budget=r.profile_budget)
+                     r.sweep_stage, value_cache, budget=r.profile_budget, adapt=r.adapt,
+                     previous=previous.residual if previous is not None else None)
     mine = [qp for qp in plan.queries if qp.query.stream == stream]
     aggregates = [qp for qp in mine if not qp.query.is_selection]
     extract = plan.unpacking(stream).extract

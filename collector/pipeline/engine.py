@@ -68,7 +68,8 @@ class Engine(Spooling):
         self.asc_config = asc or AscConfig()
         self.residual_config = residual or ResidualConfig()
         # kept across plan versions: a name's outcome does not depend on the plan
-        self.value_cache = ValueCache(self.residual_config.value_cache)
+        self.value_cache = ValueCache(self.residual_config.value_cache,
+                                      self.residual_config.adapt)
         self.lfta_config = lfta or LftaConfig()
         self.om_config = om or OmConfig()
         self._clock = clock  # OM's arrival rates (tests drive it)
@@ -136,7 +137,7 @@ class Engine(Spooling):
                 self._flush(self._c, lambda t, x: x.flush_all())  # the old plan's partials
             self._c = compile_plan(pending, self.stream, self.asc_config, self.residual_config,
                                    self.lfta_config, self.om_config, self.value_cache,
-                                   self.finite)
+                                   self.finite, self._c)
             self.meters.plan(pending.version, self._c.node_tables())
         return self._c
 

@@ -70,7 +70,7 @@ class EngineMeters:
         and misses, user predicates' errors, and the order it runs as a gauge."""
         adaptive = residual.adaptive
         before = (residual.evaluated, adaptive.reorders if adaptive else 0, cache.hits,
-                  cache.misses)
+                  cache.misses, residual.filter_s(), residual.profile_s())
         yield
         m, st = self.m, self.stream
         m.residual_evals.labels(st).inc(residual.evaluated - before[0])
@@ -80,6 +80,16 @@ class EngineMeters:
             m.residual_cache.labels(st, "hit").inc(cache.hits - before[2])
         if cache.misses != before[3]:
             m.residual_cache.labels(st, "miss").inc(cache.misses - before[3])
+        filter_s, profile_s = residual.filter_s(), residual.profile_s()
+        m.residual_seconds.labels(st, "filter").inc(max(0.0, filter_s - before[4]))
+        m.residual_seconds.labels(st, "profile").inc(max(0.0, profile_s - before[5]))
+        if adaptive:
+            m.residual_profile.labels(st).set(residual.p / residual.every)
+            m.residual_saved.labels(st, "order").set(residual.saved_s - profile_s)
+        if cache.size:
+            m.residual_saved.labels(st, "cache").set(cache.saved_s - cache.spent_s)
+            for text, on in cache.state().items():
+                m.residual_cache_on.labels(st, text).set(int(on))
         texts = [residual.plan.predicates[pid].predicate.text for pid in residual.order()]
         if texts != self._order:
             self._show_order(texts)

@@ -37,31 +37,136 @@ from planner.plan import Plan
 from planner.slots import clear_slot, has_slot
 
 
+class _Use:
+    """One predicate's use of the value cache and what it measured of it."""
+
+    __slots__ = ("on", "values", "hits", "lookup_s", "compute_s", "computed", "off_values",
+                 "off_s", "cost", "cost_off", "probes", "trial")
+
+    def __init__(self):
+        self.on = True
+        self.values = self.hits = self.computed = self.off_values = self.probes = 0
+        self.trial = 0  # values the last time on took to decide
+        self.lookup_s = self.compute_s = self.off_s = 0.0
+        self.cost = 0.0  # seconds a value costs to compute, as last measured
+        self.cost_off = 0.0  # and when the cache turned off
+
+
 class ValueCache:
     """Outcomes of regular expressions and user predicates by (predicate, value), least
-    recently used out."""
+    recently used out.
 
-    def __init__(self, size: int):
+    It pays for a predicate when its hit rate times what a value costs to compute exceeds what
+    a look-up costs (a short name's regular expression costs about what the look-up does; a
+    user predicate that resolves something costs microseconds), so each predicate's use of it
+    is measured and decided by itself (``adaptive``): after at least ``decide`` values looked
+    up (a batch's distinct values at a time), it stays on only if ``hits × compute`` exceeded
+    the look-ups' own time. Off, the predicate runs on every distinct value with its cost per
+    value measured; the cache is tried again after ``probe`` times the values its last trial
+    took (so trials cost at most about 1/``probe`` of the look-ups they spare), at once if a
+    value has come to cost twice what it did (the names changed, the function slowed down).
+    Entries stay while off: the predicates are pure."""
+
+    def __init__(self, size: int, adaptive: bool = True, decide: int = 1024, probe: int = 32,
+                 clock: Callable[[], float] = time.perf_counter):
         self.size = size
+        self.adaptive = adaptive
+        self.decide, self.probe = decide, probe
+        self._clock = clock
         self._d: OrderedDict[tuple, bool] = OrderedDict()
+        self._uses: dict[tuple, _Use] = {}
         self.hits = self.misses = 0
+        self.saved_s = self.spent_s = 0.0  # estimated time hits saved; look-ups' own time
+        self.turned = 0  # times a predicate's use turned on or off
 
-    def get(self, pred: tuple, value, compute: Callable[[], bool]) -> bool:
-        key = (pred, value)
-        hit = self._d.get(key)
-        if hit is not None:
-            self.hits += 1
-            self._d.move_to_end(key)
-            return hit
-        self.misses += 1
-        hit = compute()
-        self._d[key] = hit
-        if len(self._d) > self.size:
-            self._d.popitem(last=False)
-        return hit
+    def evaluate(self, pred: tuple, values: list, test: Callable[[object], bool]) -> list[bool]:
+        """``test`` on each value (None: false) through the cache, or around it where the cache
+        has not paid for this predicate."""
+        use = self._uses.get(pred)
+        if use is None:
+            use = self._uses[pred] = _Use()
+        clock = self._clock
+        if not use.on:
+            t0 = clock()
+            out = [v is not None and test(v) for v in values]
+            spent = clock() - t0
+            use.off_s += spent
+            use.off_values += len(values)
+            if values:
+                use.cost = spent / len(values)
+            self._off(use)
+            return out
+        d, size = self._d, self.size
+        hits = computed = 0
+        spent = 0.0
+        out = []
+        t0 = clock()
+        for v in values:
+            if v is None:
+                out.append(False)
+                continue
+            key = (pred, v)
+            hit = d.get(key)
+            if hit is None:
+                t1 = clock()
+                hit = test(v)
+                spent += clock() - t1
+                computed += 1
+                d[key] = hit
+                if len(d) > size:
+                    d.popitem(last=False)
+            else:
+                hits += 1
+                d.move_to_end(key)
+            out.append(hit)
+        lookup = clock() - t0 - spent
+        self.hits += hits
+        self.misses += computed
+        use.values += hits + computed
+        use.hits += hits
+        use.computed += computed
+        use.lookup_s += lookup
+        use.compute_s += spent
+        if computed:
+            use.cost = spent / computed
+        self.saved_s += hits * use.cost
+        self.spent_s += lookup
+        if self.adaptive and use.values >= self.decide:
+            self._on(use)
+        return out
 
-    def search(self, rx: re.Pattern, value: str) -> bool:
-        return self.get(("regexp", rx.pattern), value, lambda: rx.search(value) is not None)
+    def _on(self, use: _Use) -> None:
+        """After ``decide`` values through the cache: it stays on only if it paid."""
+        use.trial = use.values
+        per_value = use.compute_s / use.computed if use.computed else use.cost
+        if use.hits * per_value <= use.lookup_s:
+            use.on = False
+            use.cost_off = per_value
+            use.off_values, use.off_s = 0, 0.0
+            self.turned += 1
+        use.values = use.hits = use.computed = 0
+        use.lookup_s = use.compute_s = 0.0
+
+    def _off(self, use: _Use) -> None:
+        """While off: try the cache again after a while, or at once when values cost twice
+        what they did."""
+        n = use.off_values
+        slower = n >= 64 and use.off_s / n > 2 * use.cost_off > 0
+        if slower or n >= self.probe * max(self.decide, use.trial):
+            use.on = True
+            use.probes += 1
+            self.turned += 1
+
+    def state(self) -> dict[str, bool]:
+        """Whether the cache is on for each predicate it has seen (its text)."""
+        return {_pred_text(p): u.on for p, u in self._uses.items()}
+
+
+def _pred_text(pred: tuple) -> str:
+    op, *args = pred
+    if op == "call":
+        return f"{args[0]}({', '.join(repr(a) for a in args[1:])})"
+    return f"{op}({', '.join(repr(a) for a in args)})"
 
 
 @lru_cache(maxsize=1024)
@@ -102,8 +207,7 @@ def eval_atom(a: Atom, stream: str, tb: Batch, rows: np.ndarray,
         values, idx = user_predicates.distinct(stream, a.field, tb, rows)
         test = _value_test(a, kind)
         if cache is not None and cache.size and a.op in ("regexp", "call"):
-            key = (a.op, *a.values)
-            out = [v is not None and cache.get(key, v, lambda v=v: test(v)) for v in values]
+            out = cache.evaluate((a.op, *a.values), values, test)
         else:
             out = [v is not None and test(v) for v in values]
         hit = np.array(out, bool)[idx]
@@ -148,12 +252,34 @@ def eval_predicate(p: Predicate, tb: Batch, rows: np.ndarray,
 
 class Residual:
     """Residual predicates of one stream's queries, applied to Q in place, in an order kept
-    by ``ordering`` (a planner/ordering.py variant, or "cost": catalogue cost only)."""
+    by ``ordering`` (a planner/ordering.py variant, or "cost": catalogue cost only).
+
+    Profiling pays only while the order may move and the moves save more than it costs
+    (``adapt``): after a move, the evaluations per tuple the stage does are compared with the
+    order's before it, and the difference accrues at the stage's measured time per evaluation
+    (``saved_s``), against the time profiling took. (A profile-window estimate of the gain
+    would not do: the tuples dropped carry other queries' bits, which the profile does not
+    see, and a call's fixed cost spread over the few rows that reach a late position makes a
+    late predicate look dear whatever it costs.) Once it has cost
+    more than it saved, or half a warm-up's worth of profile tuples after a move moved nothing,
+    only one batch in ``FLOOR`` is profiled (a profiled batch pays each predicate's fixed cost
+    once, so fewer profiled batches, not fewer tuples per batch); every batch again after a
+    move while profiling pays, or when a predicate's drop rate in the running order (known for
+    free from the real work) moves by ``DRIFT`` from its rate since the order last moved — the
+    profile window of the old stream is then dropped. ``previous``: the stage of the plan
+    before, whose learned order, profile window and measured times carry over for the
+    predicates both plans have."""
+
+    DRIFT = 0.1  # drop rate moved by this much (absolute) on at least DRIFT_ROWS rows
+    DRIFT_ROWS = 512
+    FLOOR = 64  # the profiling probability falls to p / FLOOR
+    DECAY = 0.9  # weight of a predicate's older calls in its time per tuple
 
     def __init__(self, plan: Plan, stream: str, ordering: str = "a-greedy", p: float = 0.01,
                  window: int = 1000, alpha: float = 0.9, stage: int = 500,
                  cache: ValueCache | None = None, seed: int = 0, timed: bool = True,
-                 budget: float = 0.1, per_batch: int | None = None):
+                 budget: float = 0.1, per_batch: int | None = None, adapt: bool = True,
+                 previous: Residual | None = None):
         self.plan = plan
         self.users: dict[int, list[int]] = {}  # predicate id -> slots that check it
         for qp in plan.queries:
@@ -162,11 +288,15 @@ class Residual:
                     self.users.setdefault(pid, []).append(qp.slot)
         self.ids = plan.residual_order(stream)
         self._index = {pid: f for f, pid in enumerate(self.ids)}  # the ordering's filter ids
+        self.keys = [plan.predicates[pid].predicate for pid in self.ids]
         self.ordering = ordering
         self.adaptive = AdaptiveOrder(len(self.ids), ordering, p=p, window=window,
                                       alpha=alpha, stage=stage, seed=seed) \
             if ordering != "cost" and len(self.ids) > 1 else None
         self.p = p
+        self.every = 1  # profile every this many batches
+        self.batches = 0
+        self.adapt = adapt
         # profile tuples one predicate takes per batch
         self.per_batch = per_batch or max(1, window // 10)
         self.budget = budget
@@ -176,9 +306,50 @@ class Residual:
         self._rng = np.random.default_rng(seed)
         self.evaluated = 0  # predicate evaluations, for metrics and tests
         self.profile_evaluated = 0  # of them, evaluations only to profile
+        self.carried = 0  # predicates whose learned state came from the plan before
+        self.drifts = 0  # times a drop rate's move brought profiling back
+        self._quiet = 0  # profile tuples since the order last moved
+        self._learning = True  # a new stream: profile until the order first moves or holds
+        self.saved_s = 0.0  # seconds the moves saved (evaluations spared, at their cost)
+        self._was: float | None = None  # evaluations per tuple in the order before the move
+        self._now = [0, 0]  # evaluations, tuples in the running order
+        self._rates: dict[int, list[int]] = {}  # filter index -> [rows, drops] since then
+        self._fits: dict[int, list[float]] = {}  # predicate id -> [seconds, rows], decayed
+        if previous is not None:
+            self._carry(previous)
 
     def __bool__(self) -> bool:
         return bool(self.users)
+
+    def _carry(self, old: Residual) -> None:
+        """Take the learned state of the predicates ``old`` also ran."""
+        if old.cache is not None and self.cache is None:
+            self.cache = old.cache
+        self._profile_s, self._filter_s = old._profile_s, old._filter_s
+        self.saved_s = old.saved_s
+        olds = {k: pid for pid, k in zip(old.ids, old.keys, strict=True)}
+        self._fits = {pid: old._fits[olds[k]] for pid, k in zip(self.ids, self.keys, strict=True)
+                      if k in olds and olds[k] in old._fits}
+        self.evaluated, self.profile_evaluated = old.evaluated, old.profile_evaluated
+        where = {k: f for f, k in enumerate(self.keys)}
+        mapping = {f: where[k] for f, k in enumerate(old.keys) if k in where}
+        self.carried = len(mapping)
+        if self.adaptive is None or old.adaptive is None or old.ordering != self.ordering:
+            return
+        self.adaptive.carry(old.adaptive, mapping)
+        if self.carried == len(self.keys):  # nothing new to learn about
+            self.every, self._quiet, self.drifts = old.every, old._quiet, old.drifts
+            self._learning = old._learning
+            self._rates = {mapping[f]: r for f, r in old._rates.items()}
+            self._was, self._now = old._was, old._now
+
+    def profile_s(self) -> float:
+        """Seconds spent profiling and reordering."""
+        return self._profile_s
+
+    def filter_s(self) -> float:
+        """Seconds of the predicates' real work (the stage's time less profiling)."""
+        return self._filter_s - self._profile_s
 
     def order(self) -> list[int]:
         """Predicate ids in the order they run now."""
@@ -186,20 +357,38 @@ class Residual:
             return list(self.ids)
         return [self.ids[f] for f in self.adaptive.order]
 
-    def _eval(self, pid: int, tb: Batch, rows: np.ndarray) -> tuple[np.ndarray, float]:
-        """The predicate on ``rows`` and its time per tuple (measured, or its cost)."""
+    def _eval(self, pid: int, tb: Batch, rows: np.ndarray, real: bool = True
+              ) -> tuple[np.ndarray, float]:
+        """The predicate on ``rows`` and its time per tuple (measured, or its cost). A call
+        costs a fixed part (taking the rows, finding distinct values) and a part per row, so
+        a predicate's time is that of its real work, seconds over rows of its recent calls
+        (``DECAY``); a profile call on a few tuples costs mostly the fixed part and is not
+        counted (its own ratio stands in only before any real call)."""
         t0 = time.perf_counter()
         info = self.plan.predicates[pid]
         ok = eval_predicate(info.predicate, tb, rows, self.cache)
-        return ok, (time.perf_counter() - t0) / len(rows) if self.timed else info.cost
+        if not self.timed:
+            return ok, info.cost
+        seconds = time.perf_counter() - t0
+        f = self._fits.get(pid)
+        if real:
+            if f is None:
+                f = self._fits[pid] = [0.0, 0.0]
+            f[0] = f[0] * self.DECAY + seconds
+            f[1] = f[1] * self.DECAY + len(rows)
+        return ok, f[0] / f[1] if f else seconds / len(rows)
 
     def apply(self, tb: Batch, Q: np.ndarray) -> None:
         """Clear query bits whose residual predicates fail; each predicate once per tuple."""
         order = self.order()
         t0 = time.perf_counter()
+        a = self.adaptive
         # profiling's share of the stage's time stays within the budget (measured times only)
-        profile = self.adaptive is not None and (
+        self.batches += 1
+        profile = a is not None and self.batches % self.every == 0 and (
             not self.timed or self._profile_s <= self.budget * self._filter_s)
+        before = (a.reorders, a.profiled) if a is not None else None
+        seen, picks, took = [], [], {}
         for pos, pid in enumerate(order):
             slots = self.users[pid]
             need = np.zeros(len(tb), dtype=bool)
@@ -208,41 +397,100 @@ class Residual:
             rows = np.flatnonzero(need)
             if not len(rows):
                 continue
-            ok, per_tuple = self._eval(pid, tb, rows)
+            ok, took[pid] = self._eval(pid, tb, rows)
             self.evaluated += len(rows)
             fail = rows[~ok]
+            seen.append((self._index[pid], len(rows), len(fail)))
             for s in slots:
                 clear_slot(Q, fail, s)
             if profile and len(fail):
-                t1 = time.perf_counter()
-                self._profile(tb, order, pos, fail, per_tuple)
-                self._profile_s += time.perf_counter() - t1
+                k = min(int(self._rng.binomial(len(fail), self.p)), self.per_batch)
+                if k:  # one batch never fills the window by itself
+                    picks.append((pos, np.sort(fail[self._rng.choice(len(fail), k, False)])))
+        if picks:
+            t1 = time.perf_counter()
+            self._profile(tb, order, picks, took)
+            self._profile_s += time.perf_counter() - t1
         self._filter_s += time.perf_counter() - t0
+        if before is not None and self.adapt:
+            self._tune(before, seen, len(tb))
 
-    def _profile(self, tb: Batch, order: list[int], pos: int, fail: np.ndarray,
-                 per_tuple: float) -> None:
-        """Profile a sample of the tuples the predicate at ``pos`` dropped: the positions the
-        variant asks for run on them too (their outcome changes nothing in Q)."""
-        picked = fail[self._rng.random(len(fail)) < self.p]
-        if not len(picked):
+    def _tune(self, before: tuple[int, int], seen: list[tuple[int, int, int]],
+              tuples: int) -> None:
+        """Profiling at full rate while it pays and the order may move, at the floor when it
+        has cost more than the moves saved or half a warm-up's worth of profile tuples after a
+        move moved nothing; back at full rate when a drop rate moves (the profile window of
+        the old stream is then dropped)."""
+        a = self.adaptive
+        evals = sum(n for _, n, _ in seen)
+        real = self.evaluated - self.profile_evaluated
+        per_eval = (self._filter_s - self._profile_s) / real if real else 0.0
+        if self._was is not None:  # evaluations spared against the order before the move
+            self.saved_s += (self._was * tuples - evals) * per_eval
+        self._now[0] += evals
+        self._now[1] += tuples
+        moved = a.reorders != before[0]
+        if moved:  # this batch ran the old order; the profile after the move tells the rest
+            self._was = self._now[0] / self._now[1]
+            self._now = [0, 0]
+            self._quiet, self._rates = -(a.profiled - before[1]), {}
+        drifted = False
+        for f, n, dropped in seen:
+            r = self._rates.setdefault(f, [0, 0])
+            if n >= self.DRIFT_ROWS and r[0] >= self.DRIFT_ROWS and \
+                    abs(dropped / n - r[1] / r[0]) > self.DRIFT:
+                drifted = True
+            r[0] += n
+            r[1] += dropped
+        if drifted and self.every > 1:  # the stream changed: learn it afresh
+            self.drifts += 1
+            self.every, self._quiet, self._rates, self._learning = 1, 0, {}, True
+            a.forget()
             return
-        if len(picked) > self.per_batch:  # one batch never fills the window by itself
-            picked = np.sort(self._rng.choice(picked, self.per_batch, replace=False))
-        index = self._index
-        extra = [order[k] for k in self.adaptive.profile_positions(pos)]
-        outcomes = {}
-        times = {index[order[pos]]: per_tuple}
-        for pid in extra:
-            ok, t = self._eval(pid, tb, picked)
-            self.evaluated += len(picked)
-            self.profile_evaluated += len(picked)
-            outcomes[index[pid]] = ok
-            times[index[pid]] = t
-        evaluated = {index[pid] for pid in order[:pos + 1]} | set(outcomes)
-        last = len(picked) - 1
-        for i in range(len(picked)):
-            drops = {index[order[pos]]} | {f for f, ok in outcomes.items() if not ok[i]}
-            self.adaptive.add(drops, evaluated, times, check=i == last)
+        if len(a.profile) >= a.warmup:  # the reoptimizer had its say on these
+            self._quiet += a.profiled - before[1]
+        if moved:
+            self._learning = False
+        if self._quiet >= a.warmup // 2 or (
+                not self._learning and self._profile_s > self.saved_s):
+            self.every = self.FLOOR
+        elif moved:
+            self.every = 1
+
+    def _profile(self, tb: Batch, order: list[int], picks: list[tuple[int, np.ndarray]],
+                 took: dict[int, float]) -> None:
+        """Profile the tuples sampled from those each position dropped (``picks``): the
+        positions the variant asks for run on them too (their outcome changes nothing in Q),
+        each predicate once on every tuple it is asked about. A predicate's time is its time
+        per tuple in the real work of the batch (``took``), where it ran: a call on a few
+        profile tuples costs mostly its fixed overhead."""
+        a, index = self.adaptive, self._index
+        asked: dict[int, list[np.ndarray]] = {}
+        wants = [a.profile_positions(pos) for pos, _ in picks]  # before adds move Sweep on
+        for (_, picked), later in zip(picks, wants, strict=True):
+            for j in later:
+                asked.setdefault(j, []).append(picked)
+        outcome = {}
+        for j, parts in asked.items():
+            rows = np.unique(np.concatenate(parts))
+            ok, t = self._eval(order[j], tb, rows, real=False)
+            self.evaluated += len(rows)
+            self.profile_evaluated += len(rows)
+            outcome[j] = rows, ok
+            took.setdefault(order[j], t)
+        times = {index[pid]: t for pid, t in took.items()}
+        for n, ((pos, picked), later) in enumerate(zip(picks, wants, strict=True)):
+            fails = {}
+            for j in later:
+                rows, ok = outcome[j]
+                fails[index[order[j]]] = ~ok[np.searchsorted(rows, picked)]
+            evaluated = {index[pid] for pid in order[:pos + 1]} | set(fails)
+            spent = {f: times[f] for f in evaluated if f in times}
+            dropped = index[order[pos]]
+            last = len(picked) - 1 if n == len(picks) - 1 else -1
+            for i in range(len(picked)):
+                drops = {dropped} | {f for f, bad in fails.items() if bad[i]}
+                a.add(drops, evaluated, spent, check=i == last)
 
     def describe(self) -> dict:
         """The running order (for GET /prefilter)."""
@@ -251,5 +499,8 @@ class Residual:
                 "order": [self.plan.predicates[pid].predicate.text for pid in self.order()],
                 "reorders": a.reorders if a else 0, "profile_tuples": a.profiled if a else 0,
                 "profile_evaluations": self.profile_evaluated,
+                "profile_probability": self.p / self.every if a else 0.0,
+                "carried": self.carried, "drifts": self.drifts,
                 "cache_hits": self.cache.hits if self.cache else 0,
-                "cache_misses": self.cache.misses if self.cache else 0}
+                "cache_misses": self.cache.misses if self.cache else 0,
+                "cache": self.cache.state() if self.cache else {}}
