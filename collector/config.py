@@ -315,7 +315,12 @@ class OmConfig(BaseModel):
                                     "by the nodes (FACTS: stateful merge in local[2])")
     lfta_tuples_per_s: float = Field(20e6, gt=0, description="a table's merge rate")
     history: int = Field(5, ge=1, description="d: rounds the estimates weigh")
-    decay: float = Field(0.5, ge=0, description="a in G(r) = exp(-a r)")
+    decay: float = Field(0.5, ge=0, description="a in G(r) = exp(-a r) (the estimates also "
+                         "try 0, 2a, 4a and 16a and use the one that predicted best lately)")
+    refine: int = Field(8, ge=1, le=64, description="a region whose plan changes inside it is "
+                        "split into refine x refine cells (1: the paper's k x k chart)")
+    spread: bool = Field(True, description="run the plan the chart indexes most often over "
+                         "the estimates spread by their own error (false: at the point)")
 
     def chart_options(self, max_load: float, watermark_delay_s: float):
         from planner.charts import ChartOptions
@@ -325,7 +330,8 @@ class OmConfig(BaseModel):
                             age_fraction=self.age_fraction, passthrough=self.passthrough,
                             spark_rows_per_s=self.spark_rows_per_s,
                             watermark_delay_s=watermark_delay_s,
-                            lfta_tuples_per_s=self.lfta_tuples_per_s)
+                            lfta_tuples_per_s=self.lfta_tuples_per_s, refine=self.refine,
+                            spread=self.spread)
 
 
 class LftaConfig(BaseModel):

@@ -22,14 +22,22 @@ from the aggregate tree's node size; a full table empties itself (rows ``L · n 
 ``n_L`` tuples fill ``L`` groups).
 
 The chart (Algorithm 1) splits selectivity [0, 1] and arrival rate into k regular partitions
-each and stores the cheapest plan at each region's centroid. Rates are partitioned regularly in
+each and stores the cheapest plan at each region's centroid. Beyond the paper, a region whose
+plan changes inside it (probed near its corners, edge middles and centre) is split into
+``refine`` × ``refine`` cells, each with the plan at its centroid: a plan diagram is uniform over
+most of its area, and a coarse chart's misses are at its boundaries (with seven plans at
+k = 10, a fifth of the rounds ran the plan of a region's centroid where another was cheaper),
+so resolution is spent only there. (A plan's region narrower than the probes' spacing, wholly
+inside one region, is missed as the k × k chart misses it.) Rates are partitioned regularly in
 log λ over [λ_min, λ_max] by default (``lambda_scale``): they span five orders of magnitude,
 and regular partitions of [0, λ_max] would put every rate below λ_max / k in one region (the
 paper's linear partitions remain an option; the Figure 2 test uses them). The scheduler
 (Algorithm 2) estimates both by a decay-weighted mean of the last d observed rounds (§4.3,
-``G(r) = e^{-a·r}``), looks the estimate's region up and runs its plan for the next round; a
-*move* is a change of region, a *switch* a change of plan, a *hit* a round whose plan was the
-cheapest at the values then observed (the paper's fidelity). Beyond the paper, a table plan's
+``G(r) = e^{-a·r}``; beyond the paper, of several decays the one that predicted best lately),
+looks the estimate's region (cell) up and runs its plan for the next round (beyond the paper,
+the plan indexed most often over the estimate spread by its own error); a *move* is a change
+of cell, a *switch* a change of plan, a *hit* a round whose plan was the cheapest at the values
+then observed (the paper's fidelity). Beyond the paper, a table plan's
 window also measures the node's group population (the rows it emitted and still holds, fitted
 to the model); a chart built on a population off by more than 2x is built again.
 """
@@ -42,6 +50,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from planner.sizes import distinct_in_population
+
+EDGE = (0.02, 0.5, 0.98)  # where a region is probed for a plan change: near its edges, middle
 
 
 def cost(c_r: float, c_m: float, w_r: float, w_m: float) -> float:
@@ -88,6 +98,8 @@ class ChartOptions:
     lfta_tuples_per_s: float = 20e6
     spool_rows_per_s: float = 2e6
     watermark_delay_s: float = math.inf  # Spark's: early plans only for periods within it
+    refine: int = 8  # a region whose plan changes inside it is split into refine x refine cells
+    spread: bool = True  # the plan most often cheapest under the estimates' own error
 
     def plans(self) -> list[LftaPlan]:
         out = [LftaPlan("passthrough")] if self.passthrough else []
@@ -190,6 +202,8 @@ class Chart:
     options: ChartOptions = field(repr=False, default_factory=ChartOptions)
     estimate: Callable[[object, float, float], tuple[float, float]] | None = field(
         default=None, repr=False)  # (plan, sel, λ) -> (C_r, C_m)
+    # regions whose plan changes inside them: their refine x refine cells' plans
+    cells: dict[tuple[int, int], list[list[int]]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, node: NodeModel, o: ChartOptions, plans: list | None = None,
@@ -201,6 +215,17 @@ class Chart:
         for i in range(o.k):
             sel = (i + 0.5) / o.k
             chart.grid.append([chart.best(sel, chart.lam_at(j + 0.5)) for j in range(o.k)])
+        m = o.refine
+        if m > 1:  # a finer chart where plans change (a plan diagram's boundaries)
+            k = o.k
+            for i in range(k):
+                for j in range(k):
+                    seen = {chart.best((i + a) / k, chart.lam_at(j + b))
+                            for a in EDGE for b in EDGE}
+                    if len(seen) > 1:
+                        chart.cells[i, j] = [
+                            [chart.best((i + (u + 0.5) / m) / k, chart.lam_at(j + (v + 0.5) / m))
+                             for v in range(m)] for u in range(m)]
         return chart
 
     def _log(self) -> bool:
@@ -220,20 +245,38 @@ class Chart:
         costs = [cost(*self.estimate(p, sel, lam), o.w_r, o.w_m) for p in self.plans]
         return min(range(len(costs)), key=costs.__getitem__)
 
-    def region(self, sel: float, lam: float) -> tuple[int, int]:
-        """The region bounding (sel, λ); values off the chart fall in its edge regions."""
+    def _at(self, sel: float, lam: float) -> tuple[float, float]:
+        """(sel, λ) in partitions from the chart's corner, clamped to the chart."""
         o = self.options
-        i = min(self.k - 1, max(0, int(sel * self.k)))
         if self._log():
             lo, hi = math.log(o.lambda_min), math.log(o.lambda_max)
             x = (math.log(max(lam, o.lambda_min)) - lo) / (hi - lo)
         else:
             x = lam / o.lambda_max
-        return i, min(self.k - 1, max(0, int(x * self.k)))
+        top = self.k * (1 - 1e-12)
+        return min(top, max(0.0, sel * self.k)), min(top, max(0.0, x * self.k))
+
+    def region(self, sel: float, lam: float) -> tuple[int, int]:
+        """The region bounding (sel, λ); values off the chart fall in its edge regions."""
+        a, b = self._at(sel, lam)
+        return int(a), int(b)
+
+    def cell(self, sel: float, lam: float) -> tuple[int, int, int, int]:
+        """The region and, in a refined one, the cell bounding (sel, λ) (0, 0 elsewhere)."""
+        a, b = self._at(sel, lam)
+        i, j = int(a), int(b)
+        if (i, j) not in self.cells:
+            return i, j, 0, 0
+        m = self.options.refine
+        return i, j, min(m - 1, int((a - i) * m)), min(m - 1, int((b - j) * m))
+
+    def plan_of(self, cell: tuple[int, int, int, int]) -> int:
+        i, j, u, v = cell
+        sub = self.cells.get((i, j))
+        return self.grid[i][j] if sub is None else sub[u][v]
 
     def plan_at(self, sel: float, lam: float) -> int:
-        i, j = self.region(sel, lam)
-        return self.grid[i][j]
+        return self.plan_of(self.cell(sel, lam))
 
     def start(self) -> tuple[float, float]:
         """The point a node starts at before any window was observed: the selectivity the plan
@@ -250,17 +293,23 @@ class Chart:
                 "plans": [p.name for p in self.plans], "groups": self.node.groups,
                 "measured": {"selectivity": self.node.sel, "lambda": self.node.lam},
                 "initial": self.plans[self.plan_at(*self.start())].name,
-                "spark_rows_per_s": self.options.spark_rows_per_s, "grid": self.grid}
+                "spark_rows_per_s": self.options.spark_rows_per_s, "grid": self.grid,
+                "refine": o.refine,
+                "cells": {f"{i},{j}": sub for (i, j), sub in sorted(self.cells.items())}}
 
     def explain(self, indent: str = "      ") -> list[str]:
         """The chart as rows of plan letters, selectivity down, λ across."""
         letters = "abcdefghijklmnopqrstuvwxyz"
-        used = sorted({x for row in self.grid for x in row})
+        used = sorted({x for row in self.grid for x in row}
+                      | {x for sub in self.cells.values() for row in sub for x in row})
         o = self.options
         lo = o.lambda_min if self._log() else 0
         lines = [f"{indent}chart {self.k}x{self.k} (sel 0..1 down, λ {lo:,.0f}..{o.lambda_max:,.0f}"
                  f"/s across, {o.lambda_scale}): " + ", ".join(f"{letters[x]} {self.plans[x].name}"
                                                               for x in used)]
+        if self.cells:
+            lines[0] += f"; {len(self.cells)} regions where the plan changes split " \
+                f"{o.refine}x{o.refine}"
         if self.k <= 20:
             for row in self.grid:
                 lines.append(indent + "  " + "".join(letters[x] for x in row))
@@ -289,18 +338,75 @@ class Estimator:
         return num / den
 
 
+class Tracker:
+    """The estimate of one statistic for the next round: decay-weighted means (§4.3) of the last
+    ``d`` observations under several decays (``a`` and multiples, and none); the one whose
+    one-round-ahead predictions erred least over the last ``memory`` rounds is used (a smooth
+    stream wants little smoothing, an erratic one more), and its root-mean-square error is
+    the estimate's spread. ``log``: tracked as its logarithm (arrival rates vary by
+    factors)."""
+
+    DECAYS = (0.0, 1.0, 2.0, 4.0, 16.0)  # multiples of a
+
+    def __init__(self, d: int = 5, a: float = 0.5, initial: float | None = None,
+                 log: bool = False, memory: int = 20):
+        self.log = log
+        first = self._in(initial) if initial is not None else None
+        self.ests = [Estimator(d, a * m, first) for m in self.DECAYS]
+        self.errors = [deque(maxlen=memory) for _ in self.DECAYS]
+
+    def _in(self, x: float) -> float:
+        return math.log(max(x, 1e-9)) if self.log else x
+
+    def observe(self, x: float) -> None:
+        v = self._in(x)
+        for e, q in zip(self.ests, self.errors, strict=True):
+            if e.seen:
+                q.append((e.estimate() - v) ** 2)
+            e.observe(v)
+
+    def _best(self) -> int:
+        return min(range(len(self.ests)),
+                   key=lambda i: (sum(self.errors[i]) / len(self.errors[i])
+                                  if self.errors[i] else math.inf, i))
+
+    def estimate(self) -> float | None:
+        v = self.ests[self._best()].estimate()
+        return None if v is None else math.exp(v) if self.log else v
+
+    def spread(self) -> float:
+        """Root-mean-square error of the estimate used (in log units when ``log``)."""
+        q = self.errors[self._best()]
+        return math.sqrt(sum(q) / len(q)) if q else 0.0
+
+    def at(self, z: float) -> float:
+        """The estimate ``z`` spreads away."""
+        v = self.ests[self._best()].estimate() + z * self.spread()
+        return math.exp(v) if self.log else v
+
+
+SPREAD = ((-2.0, 0.054), (-1.0, 0.242), (0.0, 0.399), (1.0, 0.242), (2.0, 0.054))  # z, weight
+
+
 class Scheduler:
-    """Algorithm 2 for one node: the plan of each round from the chart and the estimates."""
+    """Algorithm 2 for one node: the plan of each round from the chart and the estimates.
+
+    Beyond the paper: each statistic's estimate is its best-predicting decay (``Tracker``),
+    and, with ``options.spread``, the round runs the plan the chart indexes most often over the
+    estimates spread by their own error (a normal's five points per dimension), not at the
+    point estimate alone: next to a boundary, or in a plan's narrow band, the point misses
+    whenever the noise crosses it. (A scheduler that knew each round's noise-free values
+    would still miss where the noise crosses a boundary: bench/README gives that bound.)"""
 
     def __init__(self, chart: Chart, sel: float, lam: float, d: int = 5, a: float = 0.5,
                  plan: int | None = None):
         """``plan``: the one to run before any round was observed (default: the chart's at
         (sel, λ))."""
         self.chart = chart
-        self.sel = Estimator(d, a, sel)
-        self.lam = Estimator(d, a, lam)
-        self.where = chart.region(sel, lam)
-        self.plan = chart.grid[self.where[0]][self.where[1]] if plan is None else plan
+        self.sel = Tracker(d, a, sel)
+        self.lam = Tracker(d, a, lam, log=True)
+        self.where = chart.cell(sel, lam)
+        self.plan = chart.plan_of(self.where) if plan is None else plan
         self.rounds = self.hits = self.moves = self.switches = self.rebuilds = 0
 
     def regroup(self, groups: float) -> bool:
@@ -315,6 +421,20 @@ class Scheduler:
         self.rebuilds += 1
         return True
 
+    def choose(self) -> int:
+        """The plan for the next round."""
+        chart = self.chart
+        if not chart.options.spread or not (self.sel.spread() or self.lam.spread()):
+            return chart.plan_of(self.where)
+        votes: dict[int, float] = {}
+        for zs, ws in SPREAD:
+            sel = self.sel.at(zs)
+            for zl, wl in SPREAD:
+                p = chart.plan_at(sel, self.lam.at(zl))
+                votes[p] = votes.get(p, 0.0) + ws * wl
+        here = chart.plan_of(self.where)  # ties: the point estimate's
+        return max(votes, key=lambda p: (votes[p], p == here))
+
     def end_round(self, sel_o: float, lam_o: float) -> int:
         """Account the round just run (its observed selectivity and rate) and return the plan
         of the next one."""
@@ -322,11 +442,11 @@ class Scheduler:
         self.hits += self.plan == self.chart.best(sel_o, lam_o)
         self.sel.observe(sel_o)
         self.lam.observe(lam_o)
-        where = self.chart.region(self.sel.estimate(), self.lam.estimate())
+        where = self.chart.cell(self.sel.estimate(), self.lam.estimate())
         if where != self.where:
             self.moves += 1
             self.where = where
-        plan = self.chart.grid[where[0]][where[1]]
+        plan = self.choose()
         if plan != self.plan:
             self.switches += 1
             self.plan = plan
@@ -337,8 +457,10 @@ class Scheduler:
         return self.hits / self.rounds if self.rounds else None
 
     def state(self) -> dict:
-        return {"plan": self.chart.plans[self.plan].name, "region": list(self.where),
-                "selectivity": self.sel.estimate(), "lambda": self.lam.estimate(),
+        return {"plan": self.chart.plans[self.plan].name, "region": list(self.where[:2]),
+                "cell": list(self.where), "selectivity": self.sel.estimate(),
+                "lambda": self.lam.estimate(), "spread": {"selectivity": self.sel.spread(),
+                                                          "log_lambda": self.lam.spread()},
                 "rounds": self.rounds, "hits": self.hits, "fidelity": self.fidelity,
                 "moves": self.moves, "switches": self.switches, "groups": self.chart.node.groups,
                 "chart_rebuilds": self.rebuilds}

@@ -16,6 +16,7 @@ from planner.charts import (
     NodeModel,
     Operator,
     Scheduler,
+    Tracker,
     cost,
     fit_groups,
     pipeline,
@@ -189,3 +190,71 @@ def test_early_plans_only_where_the_watermark_waits_a_period():
     names = {t.period: {p.name for c in t.charts.values() for p in c.plans} for t in plan.trees}
     assert names[60] == {"table 4096/window", "table 65536/window", "table 1048576/window"}
     assert "passthrough" in names[1] and "table 65536/age" in names[1]
+
+
+def test_a_refined_chart_holds_the_cheapest_plan_at_each_cell():
+    """Regions whose plan changes inside them are split refine x refine, each cell holding the
+    cheapest plan at its centroid; the other regions are uniform at the points probed. The
+    refined chart looks a point up to the plan of the cell bounding it."""
+    o = ChartOptions(k=10, spark_rows_per_s=62_500)
+    node = NodeModel(60, 50_000.0)
+    chart = Chart.build(node, o)
+    assert 0 < len(chart.cells) < o.k * o.k // 2
+    m = o.refine
+    for (i, j), sub in chart.cells.items():
+        for u in range(m):
+            for v in range(m):
+                sel, lam = (i + (u + 0.5) / m) / o.k, chart.lam_at(j + (v + 0.5) / m)
+                assert sub[u][v] == chart.best(sel, lam)
+                assert chart.cell(sel, lam) == (i, j, u, v)
+                assert chart.plan_at(sel, lam) == chart.best(sel, lam)
+    for i in range(o.k):
+        for j in range(o.k):
+            if (i, j) not in chart.cells:
+                assert {chart.best((i + a) / o.k, chart.lam_at(j + b))
+                        for a in (0.02, 0.5, 0.98) for b in (0.02, 0.5, 0.98)} == \
+                    {chart.grid[i][j]}
+    coarse = Chart.build(node, ChartOptions(k=10, spark_rows_per_s=62_500, refine=1))
+    assert coarse.grid == chart.grid and not coarse.cells
+    # points where the coarse chart indexes a plan that is not the cheapest, the refined one
+    # indexes the cheapest (at cell centroids, exactly)
+    wrong = [(s, lam) for s in np.linspace(0.01, 0.99, 40) for lam in np.geomspace(200, 1e7, 40)
+             if coarse.plan_at(s, lam) != coarse.best(s, lam)]
+    assert wrong and sum(chart.plan_at(s, lam) != chart.best(s, lam) for s, lam in wrong) \
+        < len(wrong) / 4
+
+
+def test_the_tracker_uses_the_decay_that_predicted_best():
+    """A steady ramp is predicted best by the last value (the heaviest decay): the estimate
+    follows it. Values alternating around a level are predicted best by the plain mean: the
+    estimate stays between them and its spread is the alternation's."""
+    t = Tracker(d=5, a=0.5, initial=1.0)
+    for x in range(1, 31):
+        t.observe(float(x))
+    assert t.estimate() == pytest.approx(30, abs=0.1)
+    t = Tracker(d=5, a=0.5, initial=1.0)
+    for k in range(30):
+        t.observe(10.0 if k % 2 else 20.0)
+    assert 13 < t.estimate() < 17 and t.spread() == pytest.approx(5, rel=0.25)
+
+
+def test_the_spread_runs_the_plan_the_noise_keeps_cheapest():
+    """Plan 1 is cheapest only in a narrow band of λ (45 to 55), plan 0 everywhere else. A
+    rate alternating between 40 and 62 estimates inside the band: at the point the chart says
+    plan 1, which is never the cheapest at the rate observed; spread by the estimate's own
+    error most of the weight falls on plan 0, which always is."""
+    def estimate(p, sel, lam):
+        band = 45 <= lam <= 55
+        return (1.0, 0.0) if (p == 1) == band else (1.0, 1.0)
+    fidelity = {}
+    for spread in (False, True):
+        o = ChartOptions(k=4, w_r=0.0, w_m=1.0, lambda_max=100, lambda_scale="linear",
+                         spread=spread)
+        chart = Chart.build(NodeModel(1, 1.0), o, [0, 1], estimate)
+        assert chart.plan_at(0.5, 50) == 1 and chart.plan_at(0.5, 40) == 0
+        s = Scheduler(chart, 0.5, 50)
+        for k in range(60):
+            s.end_round(0.5, 40.0 if k % 2 else 62.0)
+        fidelity[spread] = s.fidelity
+        assert 45 <= s.lam.estimate() <= 55
+    assert fidelity[False] < 0.2 and fidelity[True] > 0.9
