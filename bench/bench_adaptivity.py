@@ -319,7 +319,7 @@ def run_plan(p, n: int, D: int, o: ChartOptions, seed: int) -> tuple[int, int, f
     meas = np.zeros((n, 1), np.int64)
     rows = peak = 0
     spent = 0.0
-    step = 65536
+    step = min(65536, max(1024, n // 64))  # the window in 64 steps: age flushes on time
     for b in range(0, n, step):
         now = int(b / n * 1e9)  # the window's second, spread over its tuples
         part = Partials.of_tuples(keys[b:b + step], meas[b:b + step])

@@ -117,6 +117,32 @@ def dns_table() -> tuple[np.ndarray, np.ndarray]:
     return table, np.array([len(b) for b in bodies])
 
 
+PCAP_HEADER = struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 1 << 16, 1)
+
+
+def records(p: dict, rows: np.ndarray, ts_us: np.ndarray, snap: int, patch=None) -> bytes:
+    """pcap records (16-byte headers and frames) of packets ``rows`` of ``p`` stamped
+    ``ts_us``; ``patch(m, rows)`` may rewrite their frame bytes first."""
+    m, cap = frames(p, rows, snap)
+    if patch is not None:
+        patch(m, rows)
+    k = len(rows)
+    head = np.empty((k, 4), "<u4")
+    head[:, 0] = ts_us // 1_000_000
+    head[:, 1] = ts_us % 1_000_000
+    head[:, 2] = cap
+    head[:, 3] = p["wirelen"][rows]
+    size = 16 + cap
+    off = np.zeros(k + 1, np.int64)
+    np.cumsum(size, out=off[1:])
+    out = np.zeros(int(off[-1]), np.uint8)
+    out[(off[:-1, None] + np.arange(16)).reshape(-1)] = head.view(np.uint8).reshape(-1)
+    mask = np.arange(m.shape[1]) < cap[:, None]
+    pos = off[:-1, None] + 16 + np.arange(m.shape[1])
+    out[pos[mask]] = m[mask]
+    return out.tobytes()
+
+
 def write_pcap(path: Path, p: dict, snap: int, chunk: int = 500_000, patch=None) -> None:
     """The packets of ``p`` (in time order) as a pcap with snap length ``snap``; ``patch(m,
     rows)`` may rewrite a chunk's frame bytes before they are written."""
@@ -125,24 +151,7 @@ def write_pcap(path: Path, p: dict, snap: int, chunk: int = 500_000, patch=None)
         fh.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, snap, 1))
         for lo in range(0, n, chunk):
             rows = np.arange(lo, min(n, lo + chunk))
-            m, cap = frames(p, rows, snap)
-            if patch is not None:
-                patch(m, rows)
-            k = len(rows)
-            head = np.empty((k, 4), "<u4")
-            head[:, 0] = p["ts_us"][rows] // 1_000_000
-            head[:, 1] = p["ts_us"][rows] % 1_000_000
-            head[:, 2] = cap
-            head[:, 3] = p["wirelen"][rows]
-            size = 16 + cap
-            off = np.zeros(k + 1, np.int64)
-            np.cumsum(size, out=off[1:])
-            out = np.zeros(int(off[-1]), np.uint8)
-            out[(off[:-1, None] + np.arange(16)).reshape(-1)] = head.view(np.uint8).reshape(-1)
-            mask = np.arange(m.shape[1]) < cap[:, None]
-            pos = off[:-1, None] + 16 + np.arange(m.shape[1])
-            out[pos[mask]] = m[mask]
-            fh.write(out.tobytes())
+            fh.write(records(p, rows, p["ts_us"][rows], snap, patch))
 
 
 def _v4(ints: np.ndarray) -> np.ndarray:
