@@ -468,7 +468,7 @@ class SourceConfig(BaseModel):
     loop: bool = True
     restamp: bool = Field(True, description="shift times so each loop replays at the current "
                           "time, at the capture's own pace (a followed file keeps its own, "
-                          "live times)")
+                          "live times, and its quiet times close windows either way)")
     follow: bool = Field(False, description="keep reading the file as it grows (tcpdump -w)")
     # type interface
     interface: str | None = Field(None, description="Linux interface (AF_PACKET, TPACKET_V3)")

@@ -34,7 +34,7 @@ class Supervision:
         source runs, flush what the current time closes in every engine before any engine
         writes the heartbeat that closes it in Spark."""
         live = [(src, e) for e, src in zip(self.engines, self.sources, strict=True)
-                if src.restamp]
+                if self._live(src)]
         delay = self.settings.spark.watermark_delay_s
         while not self._stop.wait(self.settings.spark.trigger_s):
             times = [e.max_time for e in self.engines if e.max_time is not None]
@@ -248,6 +248,17 @@ class Supervision:
         SparkContext._active_spark_context = None
         SparkSession._instantiatedSession = SparkSession._activeSession = None
         self._start_spark()
+
+    def _live(self, src) -> bool:
+        """Whether ``src`` speaks for the present (its quiet times close windows): a re-stamped
+        or live source, and a followed file whatever ``restamp`` says (it is written as the
+        traffic comes: ``tcpdump -w``), unless a file read once with its own times runs beside
+        it (the present would close that file's older windows before its tuples come)."""
+        if src.restamp:
+            return True
+        return bool(getattr(src, "follow", False)) and not any(
+            isinstance(o, PcapFileSource) and not o.restamp and not o.follow
+            for o in self.sources)
 
     def _read_up_to(self, src, e: Engine) -> int | None:
         """The time (epoch s) up to which live source ``src`` has handed every tuple to its

@@ -215,11 +215,17 @@ class SparkJob:
             class_dump_ready()
 
     def check(self) -> list[str]:
-        """Errors of queries that stopped and are not running again."""
+        """Errors of queries that stopped and are not running again. Never raises: a JVM that
+        died (or is dying) answers the query handles with Py4J errors, which read here as
+        that query being down, until the supervisor has started Spark again."""
         out = []
         for (s, f), sq in list(self.queries.items()):
-            if not sq.isActive and sq.exception() is not None:
-                out.append(f"{s}/{f}: {_first_line(sq.exception())}")
+            try:
+                if not sq.isActive and sq.exception() is not None:
+                    out.append(f"{s}/{f}: {_first_line(sq.exception())}")
+            except Exception as e:  # noqa: BLE001 - Py4J's errors have no common base
+                out.append(f"{s}/{f}: Spark does not answer ({type(e).__name__}: "
+                           f"{_first_line(e)})")
         return out
 
     def supervise(self, backoff_s: float = 30.0, max_backoff_s: float = 600.0) -> None:
