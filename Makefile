@@ -42,11 +42,9 @@ run: $(RUNTIME) java
 	$(BIN)/flowsieve run --config $(CONFIG)
 
 # The whole suite, slow (Spark, daemon) tests included; exit code 5 (no tests) is a failure.
-# Two workers, a test file each at a time: the slow tests mostly wait (a JVM, a window). The
-# files go out longest first (tests/lanes.py), not xdist's most-tests-first, so that no long
-# file starts last and runs on alone.
+# Two workers, a test file each at a time: the slow tests mostly wait (a JVM, a window).
 test: $(STAMP) java tools
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=12
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=12
 
 # Everything that starts no JVM and no daemon (tests/lanes.py), in under two minutes.
 test-fast: $(STAMP)

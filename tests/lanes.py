@@ -80,12 +80,9 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda i: rank.get(i.nodeid.split("::")[0], len(rank)))
 
 
-# the slow files that take longest (a full run's --durations), longest first; `make test`
-# passes --no-loadscope-reorder, else xdist hands out the files with most tests first instead
+# the slow files that take longest (a full run's --durations), longest first
 LONGEST = ("tests/test_hot_swap.py", "tests/test_cluster.py", "tests/test_kill.py",
-           "tests/test_lanes.py", "tests/collector/spark/test_answer_path.py",
-           "tests/test_long_run.py", "tests/test_telemetry.py", "tests/test_alerts_daemon.py",
-           "tests/test_sflow_daemon.py")
+           "tests/test_lanes.py", "tests/test_alerts_daemon.py", "tests/test_long_run.py")
 
 
 FAST_LANE = pytest.StashKey()
