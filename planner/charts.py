@@ -27,8 +27,10 @@ plan changes inside it (probed near its corners, edge middles and centre) is spl
 ``refine`` × ``refine`` cells, each with the plan at its centroid: a plan diagram is uniform over
 most of its area, and a coarse chart's misses are at its boundaries (with seven plans at
 k = 10, a fifth of the rounds ran the plan of a region's centroid where another was cheaper),
-so resolution is spent only there. (A plan's region narrower than the probes' spacing, wholly
-inside one region, is missed as the k × k chart misses it.) Rates are partitioned regularly in
+so resolution is spent only there. A region is probed when a look-up first reaches it (a
+plan rebuild builds a chart per node: probing every region up front cost it 20x). (A plan's
+region narrower than the probes' spacing, wholly inside one region, is missed as the k × k
+chart misses it.) Rates are partitioned regularly in
 log λ over [λ_min, λ_max] by default (``lambda_scale``): they span five orders of magnitude,
 and regular partitions of [0, λ_max] would put every rate below λ_max / k in one region (the
 paper's linear partitions remain an option; the Figure 2 test uses them). The scheduler
@@ -202,8 +204,11 @@ class Chart:
     options: ChartOptions = field(repr=False, default_factory=ChartOptions)
     estimate: Callable[[object, float, float], tuple[float, float]] | None = field(
         default=None, repr=False)  # (plan, sel, λ) -> (C_r, C_m)
-    # regions whose plan changes inside them: their refine x refine cells' plans
-    cells: dict[tuple[int, int], list[list[int]]] = field(default_factory=dict)
+    # each region probed so far: its refine x refine cells' plans where the plan changes
+    # inside it, else None (regions are probed when first looked up: a plan rebuild builds a
+    # chart per node, and probing all k x k regions would cost it 20x Algorithm 1's time)
+    _probed: dict[tuple[int, int], list[list[int]] | None] = field(
+        default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, node: NodeModel, o: ChartOptions, plans: list | None = None,
@@ -215,18 +220,26 @@ class Chart:
         for i in range(o.k):
             sel = (i + 0.5) / o.k
             chart.grid.append([chart.best(sel, chart.lam_at(j + 0.5)) for j in range(o.k)])
-        m = o.refine
-        if m > 1:  # a finer chart where plans change (a plan diagram's boundaries)
-            k = o.k
-            for i in range(k):
-                for j in range(k):
-                    seen = {chart.best((i + a) / k, chart.lam_at(j + b))
-                            for a in EDGE for b in EDGE}
-                    if len(seen) > 1:
-                        chart.cells[i, j] = [
-                            [chart.best((i + (u + 0.5) / m) / k, chart.lam_at(j + (v + 0.5) / m))
-                             for v in range(m)] for u in range(m)]
         return chart
+
+    def _sub(self, i: int, j: int) -> list[list[int]] | None:
+        """Region (i, j)'s cells where its plan changes inside it (None: uniform at the probes,
+        or no refinement)."""
+        if (i, j) in self._probed:
+            return self._probed[i, j]
+        k, m, sub = self.k, self.options.refine, None
+        if m > 1 and len({self.best((i + a) / k, self.lam_at(j + b))
+                          for a in EDGE for b in EDGE}) > 1:
+            sub = [[self.best((i + (u + 0.5) / m) / k, self.lam_at(j + (v + 0.5) / m))
+                    for v in range(m)] for u in range(m)]
+        self._probed[i, j] = sub
+        return sub
+
+    @property
+    def cells(self) -> dict[tuple[int, int], list[list[int]]]:
+        """Every refined region's cells (probes the regions not looked up yet)."""
+        return {(i, j): sub for i in range(self.k) for j in range(self.k)
+                if (sub := self._sub(i, j)) is not None}
 
     def _log(self) -> bool:
         return self.options.lambda_scale == "log"
@@ -265,14 +278,14 @@ class Chart:
         """The region and, in a refined one, the cell bounding (sel, λ) (0, 0 elsewhere)."""
         a, b = self._at(sel, lam)
         i, j = int(a), int(b)
-        if (i, j) not in self.cells:
+        if self._sub(i, j) is None:
             return i, j, 0, 0
         m = self.options.refine
         return i, j, min(m - 1, int((a - i) * m)), min(m - 1, int((b - j) * m))
 
     def plan_of(self, cell: tuple[int, int, int, int]) -> int:
         i, j, u, v = cell
-        sub = self.cells.get((i, j))
+        sub = self._sub(i, j)
         return self.grid[i][j] if sub is None else sub[u][v]
 
     def plan_at(self, sel: float, lam: float) -> int:
@@ -295,7 +308,8 @@ class Chart:
                 "initial": self.plans[self.plan_at(*self.start())].name,
                 "spark_rows_per_s": self.options.spark_rows_per_s, "grid": self.grid,
                 "refine": o.refine,
-                "cells": {f"{i},{j}": sub for (i, j), sub in sorted(self.cells.items())}}
+                "cells": {f"{i},{j}": sub for (i, j), sub in sorted(self._probed.items())
+                          if sub is not None}}  # of the regions looked up so far
 
     def explain(self, indent: str = "      ") -> list[str]:
         """The chart as rows of plan letters, selectivity down, λ across."""
