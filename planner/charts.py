@@ -308,8 +308,9 @@ class Chart:
                 "initial": self.plans[self.plan_at(*self.start())].name,
                 "spark_rows_per_s": self.options.spark_rows_per_s, "grid": self.grid,
                 "refine": o.refine,
-                "cells": {f"{i},{j}": sub for (i, j), sub in sorted(self._probed.items())
-                          if sub is not None}}  # of the regions looked up so far
+                # of the regions looked up so far (a copy: the engine may probe one meanwhile)
+                "cells": {f"{i},{j}": sub for (i, j), sub in sorted(dict(self._probed).items())
+                          if sub is not None}}
 
     def explain(self, indent: str = "      ") -> list[str]:
         """The chart as rows of plan letters, selectivity down, λ across."""
