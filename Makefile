@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 RUNTIME := $(VENV)/.installed-runtime
 CONFIG ?= config.example.yaml
 
-.PHONY: run test test-fast bench lint java tools clean
+.PHONY: run test test-fast crash-matrix bench lint java tools clean
 
 # `make run`: the daemon's dependencies only (and scapy's, for live capture)
 $(RUNTIME): pyproject.toml
@@ -45,6 +45,12 @@ run: $(RUNTIME) java
 # Two workers, a test file each at a time: the slow tests mostly wait (a JVM, a window).
 test: $(STAMP) java tools
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=12
+
+# Every crash point of tests/test_crash_points.py at its first and a later hit (make test
+# walks a sample of them); CI runs it after make test.
+crash-matrix: $(STAMP) java tools
+	FLOWSIEVE_CRASH_MATRIX=all $(BIN)/python -m pytest -q -n 2 --dist load \
+	  tests/test_crash_points.py -k test_crash_at_each_durable_step
 
 # Everything that starts no JVM and no daemon (tests/lanes.py), in under two minutes.
 test-fast: $(STAMP)

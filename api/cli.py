@@ -712,6 +712,11 @@ def cmd_run(args) -> int:
     raised = raise_capture_capabilities()  # before any thread starts: they inherit it
     settings = _settings(args.config)
     check_exposure(settings.api)
+    from collector import crashpoints
+    try:
+        armed = crashpoints.configure()  # a test's (tests/test_crash_points.py)
+    except ValueError as e:
+        raise CliError(str(e)) from e
     sock = api_socket(settings.api.host, settings.api.port)
     check_java()
     _tables(settings)
@@ -731,6 +736,10 @@ def cmd_run(args) -> int:
     if raised:
         logging.getLogger("flowsieve").info("capture capabilities in effect: %s",
                                             ", ".join(raised))
+    if armed is not None:
+        logging.getLogger("flowsieve").warning("crash point armed: %s:%d%s", armed[0], armed[1],
+                                               ":jvm" if armed[2] else "")
+        crashpoints.watch_checkpoints(settings.checkpoint_dir)
     collector = Collector(settings)
     app = create_app(collector, manage=True)
     # SIGTERM: open requests get 5 s, then the collector stops (shutdown_timeout_s)

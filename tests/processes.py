@@ -89,10 +89,10 @@ def _cli(args, timeout: float, kw: dict) -> subprocess.CompletedProcess:
                           cwd=ROOT, timeout=timeout, **kw)
 
 
-def start_daemon(cfg: Path, log) -> subprocess.Popen:
+def start_daemon(cfg: Path, log, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "api.cli", "run", "--config", str(cfg)],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
 def daemon_ready(proc: subprocess.Popen, base: str, log: Path) -> bool:

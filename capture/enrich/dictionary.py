@@ -21,6 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from capture import disk
+
 SCHEMA = pa.schema([pa.field("code", pa.int64()), pa.field("text", pa.string())])
 
 
@@ -42,9 +44,7 @@ def publish(folder: str | os.PathLike, name: str, texts: dict[int, str]) -> Path
     table = pa.table({"code": codes, "text": [texts[int(c)] for c in codes]}, schema=SCHEMA)
     tmp = folder / f".{path.name}.{os.getpid()}.tmp"
     pq.write_table(table, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    disk.replace(tmp, path)
     return path
 
 

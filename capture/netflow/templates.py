@@ -12,6 +12,7 @@ import numpy as np
 from numba import types
 from numba.typed import Dict
 
+from capture import disk
 from capture.errors import StateError
 from capture.fields import IP, TS
 from capture.netflow.elements import (
@@ -170,9 +171,7 @@ class TemplateStore:
                "templates": [t.to_json() for t in self.templates.values()],
                "sampling": [{"exporter": e, "version": v, "domain": d, "sampler": s,
                              "interval": i} for (e, v, d, s), i in self.sampling.items()]}
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, path)
+        disk.write_bytes(path, json.dumps(doc).encode())
         self.dirty = False
 
     def load(self, path: str | os.PathLike) -> int:

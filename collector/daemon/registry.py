@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from collector.crashpoints import reached
 from planner.ir import Query
 from planner.query import parse_query, parse_single
 
@@ -52,6 +53,9 @@ class Registry:
         self._parsed: dict[tuple[str, str], Query] = {}  # (name, text) -> parsed query
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(self.path), check_same_thread=False)
+        # a commit is on disk, journal and directory included, before it returns (SQLite's
+        # usual default, said here so that no build's default can change it)
+        self._db.execute("PRAGMA synchronous = FULL")
         self._db.executescript(SCHEMA)
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(queries)")}
         if "enabled" not in columns:  # a registry written before queries could be paused
@@ -107,6 +111,7 @@ class Registry:
                 self._db.execute("INSERT INTO part_slots (query, part, slot) VALUES (?, ?, ?)",
                                  (q.name, p.name, self._free_slot()))
             self._db.commit()
+        reached("registry.update")
         return q
 
     def slots_of(self, name: str) -> list[int]:
@@ -186,6 +191,16 @@ class Registry:
             live = {(name, text) for name, text, _ in rows}
             self._parsed = {k: v for k, v in self._parsed.items() if k in live}
         return out
+
+    def meta(self, key: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+            return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+            self._db.commit()
 
     def next_version(self) -> int:
         with self._lock:

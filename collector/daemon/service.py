@@ -80,6 +80,23 @@ class Collector(QueryService, Supervision):
         self.snmp: SnmpPoller | None = None
         self.started = False
 
+    def _initial_queries(self, path: Path) -> None:
+        """Register the initial queries into a new registry. Resumed after a crash part way
+        (those registered are kept, the rest added); a registry that held queries before the
+        mark was kept is left as it is."""
+        state = self.registry.meta("initial_queries")
+        if state == "done" or (state is None and self.registry.entries()):
+            return
+        self.registry.set_meta("initial_queries", "loading")
+        have = {q.name for q, _ in self.registry.entries()}
+        for q in parse_queries(path.read_text()):
+            rule = self._rule(q, None)  # its -- alert: directive
+            if q.name not in have:
+                self.registry.add(q.name, q.text)
+            if rule is not None:
+                self.alerts.set_rule(q, rule)
+        self.registry.set_meta("initial_queries", "done")
+
     def start(self, with_sources: bool = True, with_spark: bool = True) -> None:
         s = self.settings
         prefix_tables.configure(s.tables)
@@ -98,12 +115,8 @@ class Collector(QueryService, Supervision):
             self.alerts = AlertService(s, AlertStore(s.registry_path), self.metrics,
                                        lambda n: (self.query(n) or (None,))[0],
                                        self.complete_before)
-        if not probe and not self.registry.entries() and s.initial_queries:
-            for q in parse_queries(Path(s.initial_queries).read_text()):
-                rule = self._rule(q, None)  # its -- alert: directive
-                self.registry.add(q.name, q.text)
-                if rule is not None:
-                    self.alerts.set_rule(q, rule)
+        if not probe and s.initial_queries:
+            self._initial_queries(Path(s.initial_queries))
         # a source per configured one, and an sFlow listener's counters feed after it: each
         # runs its own engine (the feed's stream is counters)
         fed: list[tuple[SourceConfig, Source]] = []

@@ -25,6 +25,8 @@ import logging
 import os
 from pathlib import Path
 
+from capture.disk import sync_dir, write_bytes
+from collector.crashpoints import reached
 from collector.pipeline.spool import Held, Spool
 
 log = logging.getLogger("flowsieve.durability")
@@ -71,10 +73,18 @@ class Checkpoint:
         return state["position"]
 
     def commit(self, position: dict, publish: list[Held], snapshot: list[Held]) -> None:
+        # the held files' names on disk before the state that lists them (their bytes were
+        # fsynced as they were written)
+        for folder in sorted({h.path.parent for h in publish + snapshot}):
+            sync_dir(folder)
+        reached("lfta.snapshot")
         self._write({"position": position, "publish": [h.to_json() for h in publish],
                      "snapshot": [h.to_json() for h in snapshot]})
-        for h in publish:
+        reached("position.commit")
+        for i, h in enumerate(publish):
             h.publish()
+            if i == 0:
+                reached("spool.publish")
         for h in self._snapshot:  # the previous commit's: superseded by this one
             h.path.unlink(missing_ok=True)
         self._snapshot = list(snapshot)
@@ -85,12 +95,6 @@ class Checkpoint:
 
 def write_json(path: Path, obj, durable: bool = True) -> None:
     """Write a JSON file atomically (readers see the old file or the new one) and, when
-    ``durable``, on disk before it replaces the old one (a crash keeps one of them)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    ``durable``, on disk with its name before it replaces the old one (a crash keeps one of
+    them)."""
+    write_bytes(path, json.dumps(obj).encode(), durable)

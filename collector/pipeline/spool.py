@@ -24,7 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from capture.disk import sync_dir, sync_file, write_bytes
 from capture.fields import fields, measures
+from collector.crashpoints import reached
 
 SUFFIXES = {"parquet": ".parquet", "arrow": ".arrow"}
 TS_US = pa.timestamp("us", tz="UTC")
@@ -122,6 +124,9 @@ def as_spool_table(stream: str, folder: str, batch: pa.RecordBatch | pa.Table) -
     return table.select(schema.names).cast(schema)
 
 
+SEQ_BLOCK = 1024  # sequence numbers reserved by one durable write of a folder's mark
+
+
 class SpoolFull(RuntimeError):
     """The spool stayed over its size limit longer than a blocking writer may wait."""
 
@@ -133,7 +138,7 @@ class Spool:
 
     def __init__(self, root: str | os.PathLike, max_bytes: int = 8 << 30, policy: str = "block",
                  block_timeout_s: float | None = None, format: str = "parquet",  # noqa: A002
-                 probe: str = "flowsieve"):
+                 probe: str = "flowsieve", fsync: bool = True):
         if policy not in ("block", "drop"):
             raise ValueError("spool policy is 'block' or 'drop'")
         if format not in SUFFIXES:
@@ -148,22 +153,32 @@ class Spool:
         self.block_timeout_s = block_timeout_s
         self._lock = threading.Lock()
         self._seq: dict[Path, int] = {}
+        self._reserved: dict[Path, int] = {}  # per folder: the mark on disk
+        self.fsync = fsync
         self._walked = self.size()  # bytes found by the last walk of the folder
         self._written = 0  # bytes written since
 
     def folder(self, stream: str, folder: str) -> Path:
         path = self.root / stream / folder
-        path.mkdir(parents=True, exist_ok=True)
+        if not path.is_dir():  # new, or removed by hand: its mark is written again
+            path.mkdir(parents=True, exist_ok=True)
+            with self._lock:
+                self._reserved.pop(path, None)
         return path
 
     def _next_seq(self, folder: Path) -> int:
+        """The next sequence number of ``folder``. The mark on disk is written ahead, a block
+        of numbers at a time and fsynced (one durable write per ``SEQ_BLOCK`` files): a
+        restart, even after a power cut, starts above every number it may have used (a number
+        used again would name a file Spark has read before, which it skips)."""
         if folder not in self._seq:
             self._seq[folder] = self._stored_seq(folder)
         self._seq[folder] += 1
         seq = self._seq[folder]
-        tmp = folder / f"._seq.{self.probe}.tmp"
-        tmp.write_text(str(seq))
-        os.replace(tmp, folder / f"_seq.{self.probe}")
+        if seq > self._reserved.get(folder, -1):
+            top = seq + SEQ_BLOCK - 1
+            write_bytes(folder / f"_seq.{self.probe}", str(top).encode(), self.fsync)
+            self._reserved[folder] = top
         return seq
 
     def _stored_seq(self, folder: Path) -> int:
@@ -266,11 +281,18 @@ class Spool:
             size = tmp.stat().st_size
             with self._lock:  # writers on several threads (the daemon's engines, a source each)
                 self._written += size
-        if hold is not None:
+        if self.fsync:
+            sync_file(tmp)
+        reached("spool.write")
+        if hold is not None:  # its name is synced by the commit that lists it
             held = path_dir / f".{hold}.{seq:016d}.{kind}"
             os.replace(tmp, held)
+            reached("spool.rename")
             return Held(held, final)
         os.replace(tmp, final)
+        if self.fsync:
+            sync_dir(path_dir)
+        reached("spool.rename")
         return final
 
     def high_water(self) -> dict[Path, int]:

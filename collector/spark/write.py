@@ -28,6 +28,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from capture.disk import sync_dir, sync_file
+from collector.crashpoints import reached
+
 QUERY = "query"  # the results' partition: results/query=<name>/
 
 
@@ -52,8 +55,14 @@ class PartWriter:
         self.rows += table.num_rows
 
     def close(self) -> Path:
+        """Rename the part into place, on disk with its name (Spark marks its batch done
+        after the task returns)."""
         self._writer.close()
+        sync_file(self.tmp)
+        reached("results.write")
         os.replace(self.tmp, self.final)
+        sync_dir(self.final.parent)
+        reached("results.rename")
         return self.final
 
     def abort(self) -> None:

@@ -83,6 +83,7 @@ class AlertStore:
 
     def __init__(self, path: str | Path):
         self._db = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
+        self._db.execute("PRAGMA synchronous = FULL")  # the outbox survives a power cut
         self._db.executescript(SCHEMA)
         self._db.commit()
         self._lock = threading.Lock()

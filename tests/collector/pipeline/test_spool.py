@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from collector.pipeline.spool import Spool, SpoolFull, list_files, punctuation
+from collector.pipeline.spool import SEQ_BLOCK, Spool, SpoolFull, list_files, punctuation
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "arrow"])
@@ -53,9 +53,11 @@ def test_probes_share_a_spool_without_a_lock(tmp_path):
             os.remove(folder / n)  # Spark read a's files
     assert not a.holds_up_to(mark)  # b's unread files are b's business
     assert b.holds_up_to(mark)
-    again = Spool(tmp_path / "spool", probe="edge-a")  # a restart continues its numbering
+    # a restart numbers above every number reserved: the mark on disk is written a block
+    # ahead (from 7, the first written), never per file
+    again = Spool(tmp_path / "spool", probe="edge-a")
     assert again.write("packets", "60", punctuation("packets", 1, 1, "edge-a")).name == \
-        f"{10:016d}.edge-a.parquet"
+        f"{7 + SEQ_BLOCK:016d}.edge-a.parquet"
     with pytest.raises(ValueError, match="probe name"):
         Spool(tmp_path / "spool", probe="a.b")
 
