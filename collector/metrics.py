@@ -149,7 +149,7 @@ class Metrics:
                                   ["stream", "folder"], registry=r)
         self.spool_dropped = Counter("flowsieve_spool_rows_dropped",
                                      "Spool rows (partial aggregates, selected tuples) a live "
-                                     "source dropped, by reason (spool_full)",
+                                     "source dropped, by reason (spool_full, disk_full)",
                                      ["stream", "source", "reason"], registry=r)
         self.spool_wait = Counter("flowsieve_spool_wait_seconds",
                                   "Time a source waited for room in a full spool "
@@ -204,6 +204,9 @@ class Metrics:
         self.spool_bytes = Gauge("flowsieve_spool_bytes",
                                  "Bytes the spool holds now (files Spark has not read yet)",
                                  registry=r)
+        self.spool_disk_full = Gauge("flowsieve_spool_disk_full",
+                                     "1 while the spool's file system is full: sources wait "
+                                     "(policy block) or drop (reason disk_full)", registry=r)
         self.spool_max_bytes = Gauge("flowsieve_spool_max_bytes",
                                      "spool.max_bytes: at it, a source waits or drops",
                                      registry=r)

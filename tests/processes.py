@@ -184,6 +184,16 @@ def answers(client: httpx.Client, name: str) -> tuple[list[dict], float]:
     return rows, body["complete_before"]
 
 
+def stop_and_drain(feeder: Feeder, client: httpx.Client, name: str) -> float:
+    """Stop a feeder and wait until ``name`` answered every window up to it; the end of the
+    last window (epoch s)."""
+    feeder.stop.set()
+    feeder.join(10)
+    last = (int(time.time()) // PERIOD + 1) * PERIOD
+    wait_for(lambda: (answers(client, name)[1] or 0) >= last, 240, "every window answered")
+    return last
+
+
 def whole_windows(rows: list[dict], since: float, before: float, period: int = PERIOD
                   ) -> list[dict]:
     """Rows of the windows starting at or after ``since`` and before ``before``."""

@@ -16,38 +16,29 @@ walks the whole matrix (``FLOWSIEVE_CRASH_MATRIX=all``)."""
 from __future__ import annotations
 
 import os
-import struct
 import subprocess
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 import httpx
-import pyarrow.parquet as pq
 import pytest
 
 from collector.crashpoints import JVM_POINTS, POINTS
 from tests.processes import (
     PERIOD,
     Feeder,
-    answers,
     daemon_config,
     metric,
     start_daemon,
+    stop_and_drain,
     stop_daemon,
     wait_for,
 )
-from tests.reference import fields_of
+from tests.windows import QUERIES, check, check_whole
 
 pytestmark = pytest.mark.slow
 
-QUERIES = """
--- name: all5s
-SELECT time/5 AS t, count(*) AS n, sum(caplen) AS b FROM packets GROUP BY time/5;
--- name: udp_src
-SELECT time/5 AS t, src_ip, count(*) AS n, max(caplen) AS m FROM packets
-WHERE protocol = 17 GROUP BY time/5, src_ip
-"""
 REGISTERED = {  # registered over REST by the registry's later crash (the second one dies)
     "tcp5s": "SELECT time/5 AS t, count(*) AS n FROM packets WHERE protocol = 6 GROUP BY time/5",
     "big5s": "SELECT time/5 AS t, count(*) AS n FROM packets WHERE caplen > 100 "
@@ -83,67 +74,6 @@ def test_matrix_covers_every_point():
     walked = {s.split(":")[0] for chain in matrix() for s in chain}
     assert walked == set(POINTS_ALL)
     assert sum(len(c) for c in matrix()) == 2 * len(POINTS_ALL) + len(JVM_POINTS)
-
-
-def pcap_records(path: Path) -> list[tuple[float, bytes]]:
-    """The whole records of a pcap being written (a record cut short at the end is left)."""
-    data = path.read_bytes()
-    out, at = [], 24
-    while at + 16 <= len(data):
-        sec, usec, caplen, _ = struct.unpack_from("<IIII", data, at)
-        if at + 16 + caplen > len(data):
-            break
-        out.append((sec + usec / 1e6, data[at + 16: at + 16 + caplen]))
-        at += 16 + caplen
-    return out
-
-
-def truth(path: Path) -> dict[str, dict]:
-    """dpkt's answers of the queries, per window (``t``), over the capture as it is now."""
-    all5s: dict = defaultdict(lambda: [0, 0])
-    udp: dict = defaultdict(lambda: [0, 0])
-    for ts, buf in pcap_records(path):
-        f = fields_of(ts, buf, 1)
-        t = f["time"] // PERIOD
-        all5s[t][0] += 1
-        all5s[t][1] += f["caplen"]
-        if f["protocol"] == 17 and f["src_ip"] is not None:
-            u = udp[(t, f["src_ip"])]
-            u[0] += 1
-            u[1] = max(u[1], f["caplen"])
-    by_t: dict = defaultdict(set)
-    for (t, ip), (n, m) in udp.items():
-        by_t[t].add((ip, n, m))
-    return {"all5s": {t: {(n, b)} for t, (n, b) in all5s.items()}, "udp_src": dict(by_t)}
-
-
-def answered(results: Path) -> dict[str, dict]:
-    """Every window each query answered, read from its part files (each window once: a
-    window in two parts is an answer doubled)."""
-    out = {}
-    for name, cols in (("all5s", ("n", "b")), ("udp_src", ("src_ip", "n", "m"))):
-        windows: dict = {}
-        where: dict = {}
-        for part in sorted((results / f"query={name}").glob("part-*.parquet")):
-            rows = pq.read_table(part).to_pylist()
-            got: dict = defaultdict(set)
-            for r in rows:
-                got[r["t"]].add(tuple(r[c] for c in cols))
-            for t, v in got.items():
-                assert t not in windows, f"{name}: window {t} answered twice ({where[t]}, " \
-                                         f"{part.name})"
-                windows[t], where[t] = v, part.name
-        out[name] = windows
-    return out
-
-
-def check(results: Path, capture: Path) -> int:
-    """Every window answered so far equals the truth; how many windows all5s answered."""
-    want, got = truth(capture), answered(results)
-    for name in got:
-        for t, rows in got[name].items():
-            assert rows == want[name].get(t, set()), (name, t, rows, want[name].get(t))
-    return len(got["all5s"])
 
 
 def run_chain(tmp_path: Path, chain: list[str]) -> None:
@@ -195,11 +125,7 @@ def run_chain(tmp_path: Path, chain: list[str]) -> None:
             if any(s == "registry.update:2" for s in chain):
                 assert set(REGISTERED) <= names  # both committed before the crash
         time.sleep(2 * PERIOD + 1)
-        feeder.stop.set()
-        feeder.join(10)
-        last = (int(time.time()) // PERIOD + 1) * PERIOD
-        wait_for(lambda: (answers(client, "all5s")[1] or 0) >= last, 240,
-                 "every window answered")
+        stop_and_drain(feeder, client, "all5s")
         stop_daemon(proc)
     finally:
         feeder.stop.set()
@@ -207,23 +133,20 @@ def run_chain(tmp_path: Path, chain: list[str]) -> None:
         if proc is not None:
             stop_daemon(proc)
         log.close()
-    windows = check(results, tmp_path / "traffic.pcap")
-    got = answered(results)["all5s"]
-    want = truth(tmp_path / "traffic.pcap")["all5s"]
-    # every window from the first to the last one written: nothing lost
-    assert windows and sorted(got) == sorted(want), (sorted(got), sorted(want))
-    assert sum(n for rows in got.values() for n, _ in rows) == feeder.written
+    check_whole(results, tmp_path / "traffic.pcap", feeder.written)
 
 
 def jvm_alone(client: httpx.Client, proc: subprocess.Popen) -> None:
     """The JVM died alone: from then until Spark runs again readiness says no (503, with
-    why), never fails (500), and liveness stays 200."""
-    ready, live = [], []
+    why: killed), never fails (500), and liveness stays 200."""
+    ready, live, said = [], [], set()
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         assert proc.poll() is None, "the daemon died with its JVM"
         try:
-            ready.append(client.get("/readyz").status_code)
+            r = client.get("/readyz")
+            ready.append(r.status_code)
+            said.add("it was killed (SIGKILL" in r.text)
             live.append(client.get("/healthz").status_code)
             if ready[-1] == 200 and metric(client.get("/metrics").text,
                                            "flowsieve_spark_jvm_restarts_total") == 1:
@@ -233,6 +156,7 @@ def jvm_alone(client: httpx.Client, proc: subprocess.Popen) -> None:
         time.sleep(0.05)
     assert ready and ready[-1] == 200, "Spark again"
     assert set(ready) <= {200, 503} and set(live) == {200}, Counter(ready)
+    assert True in said  # while a new JVM starts, readiness says how the last one died
 
 
 @pytest.mark.parametrize("chain", CHAINS, ids=[",".join(c) for c in CHAINS])

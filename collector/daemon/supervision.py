@@ -240,8 +240,10 @@ class Supervision:
         from pyspark import SparkContext
         from pyspark.sql import SparkSession
         if self.job is not None:
-            log.error("the Spark JVM died (exit %s): starting a new one",
-                      SparkContext._gateway.proc.returncode)
+            from collector.spark.session import death_reason
+            code = SparkContext._gateway.proc.returncode
+            self.jvm_died = f"the Spark JVM died: {death_reason(code)}"
+            log.error("%s; starting a new one", self.jvm_died)
             self.metrics.spark_jvm_restarts.inc()
             self.job = None
         SparkContext._gateway = SparkContext._jvm = None
@@ -300,13 +302,20 @@ class Supervision:
         if not self.started:
             out.append("the collector has not started")
         if self.job is None:
-            out.append("Spark is not running")
+            died = getattr(self, "jvm_died", None)
+            out.append(f"Spark is not running ({died}; a new JVM is starting)" if died else
+                       "Spark is not running")
         else:
             out += [f"Spark query {e}" for e in self.job.check()]
         for src in self.sources if self._threads else []:
             state = self.source_state.get(src.name, "not started")
             if state not in ("running", "finished"):
                 out.append(f"source {src.name}: {state}")
+        spool = getattr(self, "spool", None)
+        full = spool.full_since if spool is not None else None
+        if full is not None:
+            out.append(f"spool: its file system is full (for {time.time() - full:.0f} s); "
+                       "sources wait or drop by their spool policy")
         return out
 
     def exporters(self) -> list[dict]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 
 from capture.disk import sync_dir, write_bytes
@@ -72,14 +73,19 @@ class Checkpoint:
         self._write({"position": state["position"], "publish": [], "snapshot": []})
         return state["position"]
 
-    def commit(self, position: dict, publish: list[Held], snapshot: list[Held]) -> None:
+    def commit(self, position: dict, publish: list[Held], snapshot: list[Held],
+               stop: threading.Event | None = None) -> None:
+        """Commit ``position`` with the held files written since the last commit and the
+        LFTA's snapshot; a full disk waits for room (until ``stop``: then DiskFull, and the
+        last commit stands)."""
         # the held files' names on disk before the state that lists them (their bytes were
         # fsynced as they were written)
         for folder in sorted({h.path.parent for h in publish + snapshot}):
             sync_dir(folder)
         reached("lfta.snapshot")
-        self._write({"position": position, "publish": [h.to_json() for h in publish],
-                     "snapshot": [h.to_json() for h in snapshot]})
+        state = {"position": position, "publish": [h.to_json() for h in publish],
+                 "snapshot": [h.to_json() for h in snapshot]}
+        self.spool.on_disk(lambda: self._write(state), "block", stop)
         reached("position.commit")
         for i, h in enumerate(publish):
             h.publish()

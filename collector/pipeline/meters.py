@@ -167,10 +167,12 @@ class EngineMeters:
             m.om_plan.labels(*labels, s.chart.plans[s.plan].name).set(1)
 
     # -- spool
-    def spooled(self, folder: str, rows: int, written: bool) -> None:
-        """A batch for the spool: a file and its rows, or rows dropped for a full spool."""
+    def spooled(self, folder: str, rows: int, written: bool, reason: str = "spool_full"
+                ) -> None:
+        """A batch for the spool: a file and its rows, or rows dropped (a full spool, a full
+        disk)."""
         if written:
             self.m.spool_files.labels(self.stream, folder).inc()
             self.m.spool_rows.labels(self.stream, folder).inc(rows)
         else:
-            self.m.spool_dropped.labels(self.stream, self.source, "spool_full").inc(rows)
+            self.m.spool_dropped.labels(self.stream, self.source, reason).inc(rows)

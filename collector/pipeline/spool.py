@@ -11,6 +11,8 @@ ever need a lock or pick the same name.
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import re
 import threading
@@ -27,6 +29,8 @@ import pyarrow.parquet as pq
 from capture.disk import sync_dir, sync_file, write_bytes
 from capture.fields import fields, measures
 from collector.crashpoints import reached
+
+log = logging.getLogger("flowsieve.spool")
 
 SUFFIXES = {"parquet": ".parquet", "arrow": ".arrow"}
 TS_US = pa.timestamp("us", tz="UTC")
@@ -131,6 +135,18 @@ class SpoolFull(RuntimeError):
     """The spool stayed over its size limit longer than a blocking writer may wait."""
 
 
+class DiskFull(SpoolFull):
+    """The spool's file system is full (or its quota reached): a ``drop`` writer's file was
+    not written, or a blocking one was stopped while it waited."""
+
+
+def disk_full(e: OSError) -> bool:
+    return getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+
+
+DISK_RETRY_S = 1.0  # a blocked writer tries a full disk again this often
+
+
 class Spool:
     """Writes ``probe``'s spool files under ``root/<stream>/<folder>/`` with sequence numbers
     that never repeat (a high-water mark survives restarts and Spark's deletion of committed
@@ -157,6 +173,8 @@ class Spool:
         self.fsync = fsync
         self._walked = self.size()  # bytes found by the last walk of the folder
         self._written = 0  # bytes written since
+        self.disk_full = 0  # writes that found the file system full
+        self.full_since: float | None = None  # the disk is full since (None: it is not)
 
     def folder(self, stream: str, folder: str) -> Path:
         path = self.root / stream / folder
@@ -259,30 +277,74 @@ class Spool:
               waiting: Callable[[float], None] | None = None,
               hold: str | None = None, kind: str = "held") -> Path | Held | None:
         """Write one file atomically; None if dropped because the spool is full and the
-        writer's ``policy`` (default: the spool's) is ``drop``. With ``hold`` (the writer's
+        writer's ``policy`` (default: the spool's) is ``drop`` (a full file system: see
+        ``on_disk``). With ``hold`` (the writer's
         tag) the file stays hidden, ``.<hold>.<seq>.held``, until ``publish``: a durable
         source makes it visible together with its read position (collector/pipeline/durability.py).
         ``kind="snap"``: a checkpoint's snapshot, published only by a restart; it does not count
         against ``max_bytes`` (Spark cannot make room by reading it)."""
-        if not self._room(policy or self.policy, stop, waiting):
+        policy = policy or self.policy
+        if not self._room(policy, stop, waiting):
             return None
+        table = as_spool_table(stream, folder, batch)
+        return self.on_disk(lambda: self._write(stream, folder, table, hold, kind), policy,
+                            stop, waiting)
+
+    def on_disk(self, write: Callable[[], object], policy: str,
+                stop: threading.Event | None = None,
+                waiting: Callable[[float], None] | None = None):
+        """``write()``, which writes to the spool's file system. A full one (ENOSPC, EDQUOT):
+        ``drop`` raises DiskFull at once; otherwise the write is tried again every second until
+        it fits (the source waits: nothing it read is lost), or raises DiskFull once ``stop``
+        is set."""
+        while True:
+            try:
+                out = write()
+            except OSError as e:
+                if not disk_full(e):
+                    raise
+                with self._lock:
+                    self.disk_full += 1
+                    first, self.full_since = self.full_since is None, self.full_since or \
+                        time.time()
+                if first:
+                    log.error("spool %s: the file system is full (%s); sources %s", self.root,
+                              e.strerror or e, "drop their batches" if policy == "drop" else
+                              "wait until there is room")
+                if policy == "drop" or (stop is not None and stop.is_set()):
+                    raise DiskFull(f"spool {self.root}: no space left on its file system") \
+                        from e
+                (stop.wait if stop is not None else time.sleep)(DISK_RETRY_S)
+                if waiting is not None:
+                    waiting(DISK_RETRY_S)
+                continue
+            if self.full_since is not None:
+                log.warning("spool %s: there is room again", self.root)
+                self.full_since = None
+            return out
+
+    def _write(self, stream: str, folder: str, table: pa.Table, hold: str | None, kind: str
+               ) -> Path | Held:
         path_dir = self.folder(stream, folder)
         with self._lock:
             seq = self._next_seq(path_dir)
         final = path_dir / f"{seq:016d}.{self.probe}{SUFFIXES[self.format]}"
         tmp = path_dir / f".{self.probe}.{seq:016d}.tmp"  # hidden: no reader lists it
-        table = as_spool_table(stream, folder, batch)
-        if self.format == "parquet":
-            pq.write_table(table, tmp, row_group_size=1 << 20, compression="lz4")
-        else:
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-                writer.write_table(table, max_chunksize=65536)
+        try:
+            self._write_file(tmp, table)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         if kind == "held":
             size = tmp.stat().st_size
             with self._lock:  # writers on several threads (the daemon's engines, a source each)
                 self._written += size
         if self.fsync:
-            sync_file(tmp)
+            try:
+                sync_file(tmp)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
         reached("spool.write")
         if hold is not None:  # its name is synced by the commit that lists it
             held = path_dir / f".{hold}.{seq:016d}.{kind}"
@@ -294,6 +356,13 @@ class Spool:
             sync_dir(path_dir)
         reached("spool.rename")
         return final
+
+    def _write_file(self, tmp: Path, table: pa.Table) -> None:
+        if self.format == "parquet":
+            pq.write_table(table, tmp, row_group_size=1 << 20, compression="lz4")
+        else:
+            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table, max_chunksize=65536)
 
     def high_water(self) -> dict[Path, int]:
         """Per folder, the sequence number of this probe's latest file written (or being

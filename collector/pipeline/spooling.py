@@ -18,7 +18,13 @@ from capture.batch import TupleBatch
 from capture.fields import fields
 from collector.pipeline.compiled_plan import CompiledPlan, FolderPlan
 from collector.pipeline.lfta import NodeTable, Partials, PartialTable
-from collector.pipeline.spool import null_columns, punctuation, qmask_array, select_schema
+from collector.pipeline.spool import (
+    DiskFull,
+    null_columns,
+    punctuation,
+    qmask_array,
+    select_schema,
+)
 from planner.slots import slot_mask
 
 
@@ -43,10 +49,10 @@ class Spooling:
                      for t in fp.tables for x in t.tables() if len(x)]
             batch = self._concat(parts)
             if batch is not None:
-                held = self.spool.write(self.stream, fp.folder, batch, "force",
-                                        hold=self.checkpoint.tag, kind="snap")
+                held = self.spool.write(self.stream, fp.folder, batch, "force", self._stop,
+                                        self._waiting, hold=self.checkpoint.tag, kind="snap")
                 snapshot.append(held)
-        self.checkpoint.commit(self.position, self._held, snapshot)
+        self.checkpoint.commit(self.position, self._held, snapshot, self._stop)
         self._held, self._dirty = [], False
         self._committed_at = time.monotonic()
 
@@ -119,7 +125,13 @@ class Spooling:
     def _write(self, fp: FolderPlan, batch: pa.Table | None) -> None:
         if batch is None or not batch.num_rows:
             return
-        written = self._spool(fp.folder, batch)
+        try:
+            written = self._spool(fp.folder, batch)
+        except DiskFull:
+            if self.spool_policy != "drop":
+                raise  # stopped while it waited for room: a durable source reads it again
+            self.meters.spooled(fp.folder, batch.num_rows, False, "disk_full")
+            return
         self.meters.spooled(fp.folder, batch.num_rows, written is not None)
 
     def _spool(self, folder: str, batch: pa.Table):

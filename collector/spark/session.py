@@ -249,6 +249,22 @@ def jvm_exit_code(wait_s: float = 0.0) -> int | None:
         return None
 
 
+def death_reason(code: int | None) -> str:
+    """Why the JVM this process launched for Spark died, from its exit: out of memory (Spark's
+    exit code for an OutOfMemoryError) with the setting to raise, a signal, or the code."""
+    import signal
+    if code == OOM_EXIT:
+        return f"it ran out of memory (java.lang.OutOfMemoryError): {_MEMORY}"
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"it was killed ({name}" + (": the kernel's OOM killer does this, or a person)"
+                                           if -code == signal.SIGKILL else ")")
+    return f"it exited (exit code {code})"
+
+
 def _said(e: BaseException) -> str:
     """What an error says, without asking a dead JVM: a Py4JJavaError's ``str`` fetches the
     Java exception's text over the gateway, which raises again once the JVM is gone."""

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from collector.spark.session import failure_reason
+from collector.spark.session import death_reason, failure_reason
 from tests.helpers import ROOT, many_groups
 from tests.processes import one_error_line
 
@@ -50,6 +50,10 @@ def test_a_jvm_that_dies_of_an_out_of_memory_error(tmp_path):
     assert "ran out of memory" in reason and "spark.driver_memory" in reason
     assert "Connection refused" not in reason
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    # the daemon, seeing its JVM gone with that exit code, says why as it starts a new one
+    said = death_reason(int(code))
+    assert "ran out of memory" in said and "spark.driver_memory" in said
+    assert "OOM killer" in death_reason(-9) and death_reason(1) == "it exited (exit code 1)"
 
 
 def test_a_python_worker_killed_is_named(spark):
