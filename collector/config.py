@@ -126,6 +126,9 @@ class SparkConfig(BaseModel):
                                    "window that began this many seconds after its end arrive, "
                                    "or a heartbeat this long after its end")
     trigger_s: float = Field(2.0, gt=0)
+    class_archive_dir: str | None = Field(None, description="the class-data archive's folder "
+                                          "(default var_dir): daemons of one installation "
+                                          "may share one")
     class_archive: bool = Field(True, description="keep a class-data archive of the JVM "
                                 "(var_dir, or the user's cache for replay): Spark starts "
                                 "sooner")

@@ -10,6 +10,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from datetime import datetime
@@ -50,6 +51,11 @@ def metric(text: str, name: str, labels: str = "") -> float:
     return 0.0
 
 
+# the test daemons' JVMs share one class-data archive (the first stopped cleanly writes it):
+# each later JVM starts about 2 s sooner and runs its first job about 1.4 s sooner
+CLASSES = Path(tempfile.gettempdir()) / "flowsieve-test-classes"
+
+
 def daemon_config(tmp_path, sources: list[str], queries: str | None) -> tuple[Path, int]:
     """A test daemon's configuration (a small local Spark, 1 s trigger) with these source
     lines (YAML flow mappings) and queries; its path and API port."""
@@ -63,7 +69,7 @@ def daemon_config(tmp_path, sources: list[str], queries: str | None) -> tuple[Pa
 var_dir: {tmp_path / 'var'}
 api: {{host: 127.0.0.1, port: {port}}}
 spark: {{master: "local[2]", driver_memory: 1g, shuffle_partitions: 2, trigger_s: 1,
-        class_archive: false}}
+        class_archive: true, class_archive_dir: {CLASSES}}}
 initial_queries: {initial}
 sources:
 """ + "".join(f"  - {line}\n" for line in sources))

@@ -81,8 +81,8 @@ def run_chain(tmp_path: Path, chain: list[str]) -> None:
         f"{{type: pcap, name: traffic, path: {tmp_path / 'traffic.pcap'}, follow: true, "
         "restamp: false}"], QUERIES)
     # the JVM-alone crashes: the daemon starts a new JVM at once
-    cfg.write_text(cfg.read_text().replace("class_archive: false", "class_archive: false, "
-                                           "restart_backoff_s: 1"))
+    cfg.write_text(cfg.read_text().replace("trigger_s: 1,", "trigger_s: 1, "
+                                           "restart_backoff_s: 1,"))
     results = tmp_path / "var" / "results"
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
     log = open(tmp_path / "daemon.log", "a")  # noqa: SIM115 - closed in finally

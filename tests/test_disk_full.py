@@ -115,8 +115,8 @@ def test_daemon_waits_out_a_full_disk_and_loses_nothing(tmp_path, tmpfs):
         f"{{type: pcap, name: traffic, path: {tmp_path / 'traffic.pcap'}, follow: true, "
         "restamp: false}"], QUERIES)
     cfg.write_text(cfg.read_text().replace(f"var_dir: {tmp_path / 'var'}", f"var_dir: {var}")
-                   .replace("class_archive: false", "class_archive: false, "
-                            "restart_backoff_s: 1"))
+                   .replace("trigger_s: 1,", "trigger_s: 1, "
+                            "restart_backoff_s: 1,"))
     results = var / "results"
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
     log = open(tmp_path / "daemon.log", "a")  # noqa: SIM115 - closed in finally

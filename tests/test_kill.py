@@ -1,5 +1,5 @@
 """Nothing lost, nothing twice (issue 13): `flowsieve run` follows a capture that grows in real
-time and listens to a NetFlow v5 exporter that resends nothing; at five seeded random points the
+time and listens to a NetFlow v5 exporter that resends nothing; at three seeded random points the
 daemon (its Spark JVM with it) or its Spark JVM alone is killed with SIGKILL — the daemon is
 started again, or starts a new JVM itself. At the end every window's answers over the capture
 equal a replay of the whole capture, every packet counted once; over the flows, no window holds
@@ -131,7 +131,8 @@ def test_killed_daemon_answers_every_window_once(tmp_path, spark):
     proc = None
     restarts = jvm_restarts = 0
     counted_lost = 0.0  # records the killed processes counted lost
-    victims = ["daemon"] * 3 + ["spark"] * 2
+    # each durable step is aimed at by tests/test_crash_points.py: here random moments
+    victims = ["daemon"] * 2 + ["spark"]
     rnd.shuffle(victims)
     try:
         feeder.start()
@@ -183,7 +184,7 @@ def test_killed_daemon_answers_every_window_once(tmp_path, spark):
         if proc is not None:
             stop_daemon(proc)
         log.close()
-    assert restarts == 2
+    assert restarts == 1
     # the flows: nothing twice, nothing lost uncounted, exact where no kill reached
     sent = exporter.sent
     answered = {r["t"]: r["n"] for r in got["flows5s"]}

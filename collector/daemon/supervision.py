@@ -221,7 +221,8 @@ class Supervision:
         self.spark = self._spark or build_session(
             s.spark.master, s.spark.driver_memory, s.spark.shuffle_partitions,
             s.spark.state_store == "rocksdb", s.spark.extra,
-            class_archive=class_archive_path(s.var_dir) if s.spark.class_archive else None)
+            class_archive=class_archive_path(s.spark.class_archive_dir or s.var_dir)
+            if s.spark.class_archive else None)
         self.job = SparkJob(self.spark, s.spool_dir, s.results_dir, s.checkpoint_dir,
                             self.slot_queries, s.spark.watermark_delay_s,
                             self.metrics, s.spark.trigger_s, s.spool.format)
