@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import logging
 import os
 import re
@@ -34,14 +35,18 @@ POINTS = {
     "results.write": "an answer part's rows written, not renamed into place",
     "results.rename": "an answer part renamed into place, Spark's batch not committed",
     "registry.update": "a query registered in the registry, the plan not rebuilt",
+    "alerts.apply": "a window's alert changes and notifications in the outbox, none sent",
+    "alerts.send": "notifications sent to a receiver, not yet marked delivered",
 }
 # the Spark JVM's, reached when its file appears in a streaming query's checkpoint
 JVM_POINTS = {
     "spark.offsets": "a micro-batch's offset log being written (its temporary file)",
+    "spark.sources": "the file source's log of the files a micro-batch takes, being written",
     "spark.commits": "a micro-batch's commit log being written (its temporary file)",
     "spark.state": "the state store's new version being written (its temporary file)",
 }
-_JVM_DIRS = {"spark.offsets": "offsets", "spark.commits": "commits", "spark.state": "state"}
+_JVM_DIRS = {"spark.offsets": "offsets", "spark.sources": "sources", "spark.commits": "commits",
+             "spark.state": "state"}
 
 _UNREAD = ("", 0, False)
 _spec: tuple[str, int, bool] | None = _UNREAD  # read from the environment on first use
@@ -76,28 +81,29 @@ def reached(point: str) -> None:
         except ValueError as e:  # the daemon said so at start; a worker keeps going
             log.error("%s", e)
             configure("")
-    if _spec is None or _spec[0] != point:
+    armed = _spec
+    if armed is None or armed[0] != point:
         return
-    if _count() == _spec[1]:
-        jvm_only = _spec[2]
+    if _count(point) == armed[1]:
         _spec = None  # once: a JVM killed alone is followed by a new one, never killed again
-        crash(jvm_only, point)
+        crash(armed[2], point)
 
 
-def _count() -> int:
+def _count(point: str) -> int:
     """This hit's number: in the process, or across the process tree (``FLOWSIEVE_CRASH_DIR``:
-    one byte appended per hit, the file's size after it is the count)."""
+    one byte appended per hit under a lock, the file's size after it is the count)."""
     global _hits
     folder = os.environ.get("FLOWSIEVE_CRASH_DIR")
     if not folder:
         with _lock:
             _hits += 1
             return _hits
-    fd = os.open(os.path.join(folder, f"{_spec[0]}.hits"), os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+    fd = os.open(os.path.join(folder, f"{point}.hits"), os.O_WRONLY | os.O_APPEND | os.O_CREAT,
                  0o644)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, b".")
-        return os.fstat(fd).st_size  # appends are atomic: each hit sees its own size
+        return os.fstat(fd).st_size
     finally:
         os.close(fd)
 
@@ -192,7 +198,7 @@ def _jvm_step(point: str, rel: Path, name: str) -> bool:
     start of the JVM step ``point``: the temporary file of a log entry or state version."""
     parts = rel.parts
     return bool(parts) and parts[0] == _JVM_DIRS[point] and name.endswith(".tmp") \
-        and not name.endswith(".crc") and (point != "spark.state" or len(parts) >= 3)
+        and "_metadata" not in parts and (point != "spark.state" or len(parts) >= 3)
 
 
 def watch_checkpoints(root: str | os.PathLike) -> threading.Thread | None:
@@ -223,10 +229,17 @@ def watch_checkpoints(root: str | os.PathLike) -> threading.Thread | None:
                 found.append((path, e.name))
         return found
 
+    counted: set[Path] = set()  # a file both found by a folder's scan and heard counts once
+
     def seen(folder: Path, name: str) -> None:
         rel = folder.relative_to(root)
-        if len(rel.parts) >= 2 and _jvm_step(_spec[0], Path(*rel.parts[2:]), name):
-            reached(_spec[0])
+        if folder / name in counted:
+            return
+        counted.add(folder / name)
+        armed = _spec  # None once a JVM killed alone has been
+        if armed is not None and len(rel.parts) >= 2 and \
+                _jvm_step(armed[0], Path(*rel.parts[2:]), name):
+            reached(armed[0])
 
     def run() -> None:
         for folder, name in add_tree(root):

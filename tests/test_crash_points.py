@@ -2,20 +2,25 @@
 steps by name (collector/crashpoints.py: ``FLOWSIEVE_CRASH=<point>:<n>``), at the first time it
 reaches it and at a later one — a spool file written, renamed, a source's position committed,
 its held files published, its LFTA snapshot; an answer part written, renamed; a query
-registered; the Spark JVM's offset, file-source, commit and state-store logs (seen in the
-checkpoint with inotify). Each time the daemon, its JVM and their workers die together with
+registered; a window's alerts committed to the outbox, notifications sent and not yet marked;
+the Spark JVM's offset, file-source, commit and state-store logs (seen in the checkpoint with
+inotify). Each time the daemon, its JVM and their workers die together with
 SIGKILL (``:jvm``: the JVM alone, and the daemon starts a new one while readiness says 503,
 never 500). After each crash every window answered so far, read from the results folder, equals
 dpkt's count of the capture, and no window is answered twice; a new daemon (with the next point
 armed) starts by itself — no person clears anything — and at the end every window of the
-whole capture is answered exactly, every packet counted once.
+whole capture is answered exactly, every packet counted once, and the webhook has heard every
+alert the daemon holds (fired, resolved), a notification sent again only with its own
+idempotency key and body.
 
 ``make test`` walks a sample (``SAMPLE``); ``make crash-matrix`` (``.ci/run`` calls it too)
 walks the whole matrix (``FLOWSIEVE_CRASH_MATRIX=all``)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import time
 from collections import Counter
@@ -28,6 +33,7 @@ from collector.crashpoints import JVM_POINTS, POINTS
 from tests.processes import (
     PERIOD,
     Feeder,
+    Receiver,
     daemon_config,
     metric,
     start_daemon,
@@ -65,9 +71,11 @@ def matrix() -> list[list[str]]:
 
 
 # make test: the JVM alone at its first offset log (the first-batch hole), the whole daemon
-# as a position is committed, and as an answer part is renamed in a later batch
-SAMPLE = [["spark.offsets:1:jvm", "position.commit:2", "results.rename:3"]]
-CHAINS = matrix() if os.environ.get("FLOWSIEVE_CRASH_MATRIX") == "all" else SAMPLE
+# as a position is committed, as an answer part is renamed in a later batch, and as alerts
+# were sent but not yet marked delivered
+SAMPLE = [["spark.offsets:1:jvm", "position.commit:2", "results.rename:3", "alerts.send:2"]]
+_CHOSEN = os.environ.get("FLOWSIEVE_CRASH_MATRIX", "")  # "all", or one chain: "p:n,p:n"
+CHAINS = matrix() if _CHOSEN == "all" else [_CHOSEN.split(",")] if _CHOSEN else SAMPLE
 
 
 def test_matrix_covers_every_point():
@@ -83,6 +91,14 @@ def run_chain(tmp_path: Path, chain: list[str]) -> None:
     # the JVM-alone crashes: the daemon starts a new JVM at once
     cfg.write_text(cfg.read_text().replace("trigger_s: 1,", "trigger_s: 1, "
                                            "restart_backoff_s: 1,"))
+    hook = Receiver()
+    cfg.write_text(cfg.read_text() + f"""
+alerts:
+  check_s: 0.5
+  receivers:
+    hook: {{type: webhook, url: "{hook.url}", secret: webhook-secret-0123456789,
+           max_backoff_s: 1}}
+""")
     results = tmp_path / "var" / "results"
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
     log = open(tmp_path / "daemon.log", "a")  # noqa: SIM115 - closed in finally
@@ -107,7 +123,7 @@ def run_chain(tmp_path: Path, chain: list[str]) -> None:
                         pass  # the daemon died answering: the point was after the commit
             if step.endswith(":jvm"):
                 jvm_alone(client, proc)
-                stop_daemon(proc)
+                kill_tree(proc)  # on to the next point (a crash at no step in particular)
             else:
                 try:
                     proc.wait(timeout=240)  # only a hang fails here
@@ -126,6 +142,10 @@ def run_chain(tmp_path: Path, chain: list[str]) -> None:
                 assert set(REGISTERED) <= names  # both committed before the crash
         time.sleep(2 * PERIOD + 1)
         stop_and_drain(feeder, client, "all5s")
+        wait_for(lambda: metric(client.get("/metrics").text, "flowsieve_alert_outbox",
+                                'receiver="hook"') == 0 and hook.got, 120,
+                 "every alert delivered")
+        held = client.get("/alerts", params={"state": "all", "limit": 1000}).json()["alerts"]
         stop_daemon(proc)
     finally:
         feeder.stop.set()
@@ -133,7 +153,32 @@ def run_chain(tmp_path: Path, chain: list[str]) -> None:
         if proc is not None:
             stop_daemon(proc)
         log.close()
+        hook.close()
     check_whole(results, tmp_path / "traffic.pcap", feeder.written)
+    # alerts: every one the daemon holds was heard in its state; a repeat is the same
+    by_key: dict[str, set[bytes]] = {}
+    heard = set()
+    for body, headers in hook.got:
+        event = json.loads(body)
+        assert headers["X-Flowsieve-Idempotency-Key"] == event["idempotency_key"]
+        by_key.setdefault(event["idempotency_key"], set()).add(body)
+        heard.add((event["key"]["src_ip"], event["state"]))
+    assert all(len(bodies) == 1 for bodies in by_key.values())
+    firing = [a for a in held if a["state"] in ("firing", "resolved")]
+    assert firing and all((a["key"][0], a["state"]) in heard for a in firing), (firing, heard)
+    # nothing half-written is left in the spool (a crash's temporary files are swept)
+    assert not list((tmp_path / "var" / "spool").rglob("*.tmp"))
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the daemon and its JVM together (no JVM may write the checkpoints on after
+    it)."""
+    jvms = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid), "java"],
+                                           capture_output=True, text=True).stdout.split()]
+    for pid in jvms:
+        os.kill(pid, signal.SIGKILL)
+    proc.kill()
+    proc.wait()
 
 
 def jvm_alone(client: httpx.Client, proc: subprocess.Popen) -> None:

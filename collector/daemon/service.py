@@ -109,6 +109,7 @@ class Collector(QueryService, Supervision):
         with_spark = with_spark and not probe
         self.spool = Spool(s.spool_dir, s.spool.max_bytes, "drop", format=s.spool.format,
                            probe=s.probe)
+        self.spool.sweep()
         self.metrics.spool_bytes.set_function(self.spool.size)  # walked when scraped
         self.metrics.spool_disk_full.set_function(lambda: self.spool.full_since is not None)
         self.metrics.spool_max_bytes.set(s.spool.max_bytes)

@@ -390,6 +390,18 @@ class Spool:
                     return True
         return False
 
+    def sweep(self) -> int:
+        """Remove what this probe was writing when it last died (``.<probe>.<seq>.tmp``, a
+        sequence mark's temporary file): called at start, before it writes. How many."""
+        removed = 0
+        for pattern in (f"*/*/.{self.probe}.*.tmp", f"*/*/._seq.{self.probe}.tmp"):
+            for p in self.root.glob(pattern):
+                p.unlink(missing_ok=True)
+                removed += 1
+        if removed:
+            log.info("spool %s: %d files a crash left half-written removed", self.root, removed)
+        return removed
+
     def held_files(self, hold: str) -> list[Path]:
         """Every hidden file a writer tagged ``hold`` left (published or not)."""
         return sorted([*self.root.glob(f"*/*/.{hold}.*.held"),

@@ -60,6 +60,8 @@ class Spooling:
         """Flush what is due by the daemon's time: windows ``event_time`` (the latest of every
         source) has passed, and rows older than the maximum age. The collector calls it
         periodically, so an idle source's partials still reach Spark in time."""
+        if self._would_wait():  # its source's thread may hold the tables, waiting for room
+            return
         with self._data:
             c = self._c
             if c is not None and not self._would_wait():
@@ -68,9 +70,11 @@ class Spooling:
                     self._commit()
 
     def _would_wait(self) -> bool:
-        """A write now would wait for room (policy block, spool full): the daemon's shared
-        clock thread leaves this engine alone then; the source's own thread waits."""
-        return self.spool_policy == "block" and not self.spool.has_room()
+        """A write now would wait for room (policy block, the spool or its disk full): the
+        daemon's shared clock thread leaves this engine alone then; the source's own thread
+        waits."""
+        return self.spool_policy == "block" and (self.spool.full_since is not None or
+                                                 not self.spool.has_room())
 
     def _close_windows(self, c: CompiledPlan, now_ns: int, event_time: int | None = None) -> None:
         """Flush the windows the event time has passed (end + watermark delay), and rows that
@@ -193,6 +197,8 @@ class Spooling:
         """Flush the windows that end by ``now_s``'s window (what a heartbeat closes): the
         collector does this for every engine before any engine writes its heartbeat. False
         when it did not (a write would wait for room): then no heartbeat may close them."""
+        if self._would_wait():  # its source's thread may hold the tables, waiting for room
+            return False
         with self._data:
             c = self._current()
             if c is None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from collector.config import Settings
+from collector.crashpoints import reached
 from collector.daemon.alerts.lifecycle import apply_window, event
 from collector.daemon.alerts.receivers import Receiver, make_receiver
 from collector.daemon.alerts.rules import AlertRule, check_rule
@@ -201,6 +202,8 @@ class AlertService:
         changes, outgoing, resolved = apply_window(q, rule, window, rows, instances,
                                                    receivers, url)
         self.store.apply(q.name, evaluated_before, changes, outgoing, resolved)
+        if outgoing:
+            reached("alerts.apply")
         for r in {r for r, _, _ in outgoing}:
             dropped = self.store.bound(r, self.receivers[r].config.max_pending)
             if dropped:
@@ -249,6 +252,7 @@ class AlertService:
                     error, failed = e, chunk
                     break
                 done += chunk
+                reached("alerts.send")  # sent, not marked: sent again, the same key
                 for o in chunk:
                     self.metrics.alert_delivery.labels(rec.name).observe(max(0.0, t0 - o.created))
                 if self._stop.is_set():
