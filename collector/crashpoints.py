@@ -214,8 +214,8 @@ def watch_checkpoints(root: str | os.PathLike) -> threading.Thread | None:
     ino = _Inotify()
 
     def add_tree(path: Path) -> list[tuple[Path, str]]:
-        """Watch ``path`` and the folders in it; the files already there (created before
-        the watch: handled as if seen now)."""
+        """Watch ``path`` and the folders in it; the files already there (in a folder that
+        appeared since the watch started, created before its own watch: seen now)."""
         found = []
         ino.add(path)
         try:
@@ -242,8 +242,6 @@ def watch_checkpoints(root: str | os.PathLike) -> threading.Thread | None:
             reached(armed[0])
 
     def run() -> None:
-        for folder, name in add_tree(root):
-            seen(folder, name)
         for folder, name, mask in ino.events():
             if mask & IN_ISDIR:
                 for f, n in add_tree(folder / name):
@@ -251,6 +249,7 @@ def watch_checkpoints(root: str | os.PathLike) -> threading.Thread | None:
             elif mask & IN_CREATE:
                 seen(folder, name)
 
+    add_tree(root)  # what is there already was written before this process: no step of it
     t = threading.Thread(target=run, name="crash-watch", daemon=True)
     t.start()
     return t

@@ -200,6 +200,15 @@ def stop_and_drain(feeder: Feeder, client: httpx.Client, name: str) -> float:
     return last
 
 
+def no_server_errors(log: Path) -> None:
+    """No request the daemon served (its log, uvicorn's access lines) answered 500, and no
+    exception escaped a route."""
+    text = log.read_text(errors="replace")
+    bad = [ln for ln in text.splitlines()
+           if '" 500 ' in ln or "Exception in ASGI application" in ln]
+    assert not bad, bad[:5]
+
+
 def whole_windows(rows: list[dict], since: float, before: float, period: int = PERIOD
                   ) -> list[dict]:
     """Rows of the windows starting at or after ``since`` and before ``before``."""

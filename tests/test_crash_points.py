@@ -36,6 +36,7 @@ from tests.processes import (
     Receiver,
     daemon_config,
     metric,
+    no_server_errors,
     start_daemon,
     stop_and_drain,
     stop_daemon,
@@ -155,6 +156,7 @@ alerts:
         log.close()
         hook.close()
     check_whole(results, tmp_path / "traffic.pcap", feeder.written)
+    no_server_errors(tmp_path / "daemon.log")  # through every crash and restart
     # alerts: every one the daemon holds was heard in its state; a repeat is the same
     by_key: dict[str, set[bytes]] = {}
     heard = set()

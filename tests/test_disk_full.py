@@ -29,6 +29,7 @@ from tests.processes import (
     Feeder,
     daemon_config,
     metric,
+    no_server_errors,
     start_daemon,
     stop_and_drain,
     stop_daemon,
@@ -166,6 +167,7 @@ def test_daemon_waits_out_a_full_disk_and_loses_nothing(tmp_path, tmpfs):
         stop_daemon(proc)
         log.close()
     assert 500 not in codes and set(codes) <= {200, 503}, sorted(set(codes))
+    no_server_errors(tmp_path / "daemon.log")
     # exact everywhere but the windows whose rows the removal took: those never exceed
     want, got = truth(tmp_path / "traffic.pcap"), answered(results)
     hit = range(int(removed) // PERIOD - 2, int(removed) // PERIOD + 2)

@@ -31,6 +31,7 @@ from tests.processes import (
     answers,
     daemon_config,
     metric,
+    no_server_errors,
     start_daemon,
     stop_daemon,
     v5_now,
@@ -185,6 +186,7 @@ def test_killed_daemon_answers_every_window_once(tmp_path, spark):
             stop_daemon(proc)
         log.close()
     assert restarts == 1
+    no_server_errors(tmp_path / "daemon.log")
     # the flows: nothing twice, nothing lost uncounted, exact where no kill reached
     sent = exporter.sent
     answered = {r["t"]: r["n"] for r in got["flows5s"]}

@@ -82,13 +82,16 @@ def test_the_checkpoint_watch_reaches_the_nth_file(tmp_path, monkeypatch):
     crashpoints.configure("spark.state:3")
     try:
         root = tmp_path / "checkpoints"
+        # what an earlier process left (a crash's temporary file) is no step of this one
+        (root / "packets" / "5" / "state" / "0" / "0").mkdir(parents=True)
+        (root / "packets" / "5" / "state" / "0" / "0" / ".9.changelog.z.TID9.tmp").touch()
         crashpoints.watch_checkpoints(root)
-        part = root / "packets" / "5" / "state" / "0" / "0"
+        part = root / "packets" / "10" / "state" / "0" / "0"
         part.mkdir(parents=True)
         (part / ".1.changelog.a.TID1.tmp").touch()
         (part.parent / "_metadata").mkdir()
         (part.parent / "_metadata" / ".schema.b.tmp").touch()  # not a step
-        other = root / "packets" / "5" / "state" / "0" / "1"
+        other = root / "packets" / "10" / "state" / "0" / "1"
         other.mkdir()
         (other / ".1.changelog.c.TID2.tmp").touch()
         wait_until(lambda: crashpoints._hits >= 2, "two state files seen")
