@@ -59,17 +59,24 @@ def run(path: Path, queries: Path) -> float:
         shutil.rmtree(var, ignore_errors=True)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="1M packets, one run each")
-    args = ap.parse_args()
-    n, repeat = (1_000_000, 1) if args.quick else (PACKETS, REPEAT)
+def workload(quick: bool) -> tuple[Path, Path, int, int]:
+    """The backbone trace (1M packets when ``quick``), its 50 queries in a file, its packets
+    and the runs of each kind; one warm-up run done (the page cache, numba's cached code)."""
+    n, repeat = (1_000_000, 1) if quick else (PACKETS, REPEAT)
     path, p = trace("backbone", n, CACHE)
     queries = Path(tempfile.mkdtemp(prefix="bench-daemon-q-", dir=CACHE)) / "queries.sql"
     queries.write_text(_sql("backbone", p))
     packets = len(p["proto"])
     del p
-    run(path, queries)  # warm-up: the page cache, numba's cached code
+    run(path, queries)
+    return path, queries, packets, repeat
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1M packets, one run each")
+    args = ap.parse_args()
+    path, queries, packets, repeat = workload(args.quick)
     ahead, step = [], []
     for _ in range(repeat):
         ahead.append(run(path, queries))
