@@ -86,9 +86,12 @@ def test_matrix_covers_every_point():
 
 
 def run_chain(tmp_path: Path, chain: list[str]) -> None:
+    # udp_src alerts for every UDP source, to a webhook (alerts.apply, alerts.send)
+    queries = QUERIES.replace("-- name: udp_src\n", "-- name: udp_src\n"
+                              "-- alert: for=1 summary=\"UDP from {src_ip}\"\n")
     cfg, port = daemon_config(tmp_path, [
         f"{{type: pcap, name: traffic, path: {tmp_path / 'traffic.pcap'}, follow: true, "
-        "restamp: false}"], QUERIES)
+        "restamp: false}"], queries)
     # the JVM-alone crashes: the daemon starts a new JVM at once
     cfg.write_text(cfg.read_text().replace("trigger_s: 1,", "trigger_s: 1, "
                                            "restart_backoff_s: 1,"))

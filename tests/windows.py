@@ -18,7 +18,6 @@ QUERIES = """
 -- name: all5s
 SELECT time/5 AS t, count(*) AS n, sum(caplen) AS b FROM packets GROUP BY time/5;
 -- name: udp_src
--- alert: for=1 summary="UDP from {src_ip}"
 SELECT time/5 AS t, src_ip, count(*) AS n, max(caplen) AS m FROM packets
 WHERE protocol = 17 GROUP BY time/5, src_ip
 """
