@@ -707,11 +707,28 @@ def forget_jvm_logs(folder: Path, now: float | None = None) -> int:
     return remove_older(folder.glob("flowsieve-replay-*-spark.log"), JVM_LOG_DAYS * 86400, now)
 
 
+def _check_initial(settings) -> None:
+    """The initial queries parse and their alert directives name configured receivers: said
+    in one line before anything starts (the daemon would stop in its start-up otherwise)."""
+    if not settings.initial_queries or settings.role == "capture":
+        return
+    from collector.daemon.alerts.rules import check_rule, parse_directive
+    from planner.ir import QueryError
+    from planner.query import parse_queries
+    try:
+        for q in parse_queries(Path(settings.initial_queries).read_text()):
+            if q.alert is not None:
+                check_rule(parse_directive(q.alert), q, set(settings.alerts.receivers))
+    except (QueryError, ValueError, OSError) as e:
+        raise CliError(f"initial_queries {settings.initial_queries}: {e}") from e
+
+
 def cmd_run(args) -> int:
     from collector.daemon.process import raise_capture_capabilities
     raised = raise_capture_capabilities()  # before any thread starts: they inherit it
     settings = _settings(args.config)
     check_exposure(settings.api)
+    _check_initial(settings)
     from collector import crashpoints
     try:
         armed = crashpoints.configure()  # a test's (tests/test_crash_points.py)

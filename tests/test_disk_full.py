@@ -27,6 +27,7 @@ from tests.helpers import need
 from tests.processes import (
     PERIOD,
     Feeder,
+    answers,
     daemon_config,
     metric,
     no_server_errors,
@@ -150,9 +151,13 @@ def test_daemon_waits_out_a_full_disk_and_loses_nothing(tmp_path, tmpfs):
         wait_for(lambda: metric(get("/metrics").text, "flowsieve_spool_disk_full") == 0, 60,
                  "room seen")
         wait_for(lambda: get("/readyz").status_code == 200, 240, "ready again")
-        time.sleep(PERIOD)
-        # a person removes the spool's folder: it comes back, and so do the answers (the
-        # files Spark had not read are gone with it: their windows may fall short)
+        # Spark catches up with what waited (the windows of the full disk answered), then a
+        # person removes the spool's folder: it comes back, and so do the answers (the files
+        # Spark had not read yet are gone with it: their windows may fall short)
+        back = time.time()
+        wait_for(lambda: (answers(client, "all5s")[1] or 0) >= (int(back) // PERIOD) * PERIOD,
+                 240, "the full disk's windows answered")
+        done_before = answers(client, "all5s")[1]
         removed = time.time()
         shutil.rmtree(var / "spool" / "packets")
         wait_for(lambda: (var / "spool" / "packets" / str(PERIOD)).is_dir(), 60,
@@ -170,7 +175,7 @@ def test_daemon_waits_out_a_full_disk_and_loses_nothing(tmp_path, tmpfs):
     no_server_errors(tmp_path / "daemon.log")
     # exact everywhere but the windows whose rows the removal took: those never exceed
     want, got = truth(tmp_path / "traffic.pcap"), answered(results)
-    hit = range(int(removed) // PERIOD - 2, int(removed) // PERIOD + 2)
+    hit = range(int(done_before) // PERIOD, int(removed) // PERIOD + 2)
     for name in got:
         for t, rows in got[name].items():
             if t not in hit:

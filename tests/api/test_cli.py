@@ -165,6 +165,19 @@ def test_run_on_a_port_in_use(tmp_path):
     assert not (tmp_path / "var" / "checkpoints").exists()
 
 
+def test_run_refuses_initial_queries_it_could_not_start_with(tmp_path):
+    """An initial query whose alert names no configured receiver is one line before anything
+    starts (the daemon stopped in its start-up, with a traceback in its log)."""
+    (tmp_path / "q.sql").write_text("-- name: udp_src\n-- alert: for=1\nSELECT time/5 AS t, "
+                                    "src_ip, count(*) AS n FROM packets GROUP BY time/5, src_ip")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"var_dir: {tmp_path / 'var'}\napi: {{host: 127.0.0.1, port: 0}}\n"
+                   f"initial_queries: {tmp_path / 'q.sql'}\n")
+    out = cli("run", "--config", str(cfg))
+    one_error_line(out, "initial_queries", "udp_src", "no receiver is configured")
+    assert not (tmp_path / "var" / "checkpoints").exists()
+
+
 def test_version_fields_and_help():
     from capture.fields import fields
     out = cli("--version")
