@@ -264,6 +264,20 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def events(self) -> list[dict]:
+        """The alert notifications heard, each carrying its idempotency key in its header
+        too, and a repeat of one (a resend after a crash) always with the same body."""
+        import json
+        by_key: dict[str, set[bytes]] = {}
+        out = []
+        for body, headers in self.got:
+            event = json.loads(body)
+            assert headers["X-Flowsieve-Idempotency-Key"] == event["idempotency_key"]
+            by_key.setdefault(event["idempotency_key"], set()).add(body)
+            out.append(event)
+        assert all(len(bodies) == 1 for bodies in by_key.values())
+        return out
+
     def close(self):
         self.server.shutdown()
         self.server.server_close()
