@@ -1,8 +1,8 @@
-"""The command line: ``flowsieve run | replay | decode | plan | fields`` (stable: tests and
-benchmarks call it). It sits above the four packages (DESIGN: the one place that may import them
-all). A command that fails prints one line ``error: …`` on stderr and exits non-zero, never a
-traceback (``FLOWSIEVE_DEBUG=1`` prints the traceback too); long work shows progress on a
-terminal."""
+"""The command line: ``flowsieve run | replay | decode | plan | fields | prepare`` (stable:
+tests and benchmarks call it). It sits above the four packages (DESIGN: the one place that may
+import them all). A command that fails prints one line ``error: …`` on stderr and exits
+non-zero, never a traceback (``FLOWSIEVE_DEBUG=1`` prints the traceback too); long work shows
+progress on a terminal."""
 
 from __future__ import annotations
 
@@ -165,6 +165,18 @@ def parser() -> argparse.ArgumentParser:
                     "this pcap (adds expected invocations per tuple)")
     pl.add_argument("--format", choices=("text", "json"), default="text",
                     help="text for people, json for scripts (default text)")
+
+    pr = sub.add_parser("prepare", help="compile the kernels and make the JVM's class-data "
+                        "archive (make run's install does it)",
+                        description="Compile every numba kernel into numba's cache and have a "
+                                    "JVM run Spark's jobs and write its class-data archive, so "
+                                    "that the first run after an install is as fast as the "
+                                    "second. The install step of make run and the image's "
+                                    "build run it; about a minute.")
+    pr.add_argument("--config", help=CONFIG_HELP + "; its spark section applies (the "
+                    "archive's folder, class_archive_dir)")
+    pr.add_argument("--force", action="store_true",
+                    help="make the class-data archive again even if it exists")
 
     f = sub.add_parser("fields", help="list the field catalogue",
                        description="List the fields queries and decode can use, with their "
@@ -707,6 +719,27 @@ def forget_jvm_logs(folder: Path, now: float | None = None) -> int:
     return remove_older(folder.glob("flowsieve-replay-*-spark.log"), JVM_LOG_DAYS * 86400, now)
 
 
+def cmd_prepare(args) -> int:
+    from api.prepare import compile_kernels, make_class_archive
+    settings = _settings(args.config)
+    check_java()
+    t0 = time.monotonic()
+
+    def say(line: str) -> None:
+        print(f"prepare: {line}", file=sys.stderr, flush=True)
+    kernels = compile_kernels(say)
+    try:
+        archive = make_class_archive(settings, say, force=args.force)
+    except Exception as e:
+        from collector.spark.session import failure_reason
+        raise CliError(f"the class-data archive: {failure_reason(e) or e}") from e
+    print(json.dumps({"kernels": {k: kernels[k] for k in ("kernels", "overloads", "compiled",
+                                                         "loaded", "seconds")},
+                      "class_archive": archive,
+                      "seconds": round(time.monotonic() - t0, 1)}))
+    return 0
+
+
 def _check_initial(settings) -> None:
     """The initial queries parse and their alert directives name configured receivers: said
     in one line before anything starts (the daemon would stop in its start-up otherwise)."""
@@ -750,6 +783,8 @@ def cmd_run(args) -> int:
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per Spark callback
+    # a failed answer batch's traceback: the Spark job logs its one line (collector.spark)
+    logging.getLogger("py4j.clientserver").addFilter(_NotProxyError())
     if raised:
         logging.getLogger("flowsieve").info("capture capabilities in effect: %s",
                                             ", ".join(raised))
@@ -758,20 +793,73 @@ def cmd_run(args) -> int:
                                                ":jvm" if armed[2] else "")
         crashpoints.watch_checkpoints(settings.checkpoint_dir)
     collector = Collector(settings)
+    host = f"[{settings.api.host}]" if ":" in settings.api.host else settings.api.host
+    logging.getLogger("flowsieve").info("starting; the API on http://%s:%d answers once "
+                                        "started", host, settings.api.port)
+    _start(collector)
     app = create_app(collector, manage=True)
-    # SIGTERM: open requests get 5 s, then the collector stops (shutdown_timeout_s)
+    # SIGTERM: open requests get 5 s, then the collector stops (shutdown_timeout_s, counted
+    # from the signal)
     config = uvicorn.Config(app, host=settings.api.host, port=settings.api.port,
                             log_level="info", timeout_graceful_shutdown=5)
-    host = f"[{settings.api.host}]" if ":" in settings.api.host else settings.api.host
-    logging.getLogger("flowsieve").info("API on http://%s:%d (answers once started)", host,
-                                        settings.api.port)
     with sock:
-        uvicorn.Server(config).run(sockets=[sock])
-    return 0
+        _server(config, collector).run(sockets=[sock])
+    return 0 if collector.stopped_cleanly else 1
+
+
+def _start(collector) -> None:
+    """Start the collector before the API serves (it answers once started). A failure is one
+    line (``error: start-up failed: …``; its traceback with ``FLOWSIEVE_DEBUG=1``), after
+    what had started is stopped; a SIGTERM or Ctrl-C meanwhile (a JVM takes seconds to
+    start) stops the daemon cleanly once it has started."""
+    import signal
+
+    from collector.spark.session import one_line
+    asked: list[int] = []
+    handlers = {sig: signal.signal(sig, lambda n, _f: asked.append(n))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        collector.start()
+    except Exception as e:
+        if os.environ.get("FLOWSIEVE_DEBUG") == "1":
+            traceback.print_exc()
+        with contextlib.suppress(Exception):
+            collector.stop()
+        said = str(e) if isinstance(e, OSError | ValueError) and str(e) else one_line(e)
+        raise CliError(f"start-up failed: {said}") from e
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    if asked:
+        collector.stop()
+        raise _StoppedWhileStarting()
+
+
+class _StoppedWhileStarting(Exception):
+    """A signal came while the daemon started: it stopped once started (exit status 0)."""
+
+
+def _server(config, collector):
+    """uvicorn's server, where SIGTERM is the daemon's normal stop: the collector's deadline
+    counts from the signal, and the process exits 0 once stopped cleanly (uvicorn raises the
+    signal again after its shutdown, which made the exit status 143)."""
+    import signal
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if collector.stop_requested is None:
+                collector.stop_requested = time.monotonic()
+            if sig == signal.SIGTERM:
+                self.should_exit = True
+                return
+            super().handle_exit(sig, frame)
+    return Server(config)
 
 
 COMMANDS = {"run": cmd_run, "replay": cmd_replay, "decode": cmd_decode, "plan": cmd_plan,
-            "fields": cmd_fields}
+            "fields": cmd_fields, "prepare": cmd_prepare}
 
 
 class _NotPy4J(logging.Filter):
@@ -781,6 +869,14 @@ class _NotPy4J(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
+class _NotProxyError(logging.Filter):
+    """Drops Py4J's traceback of a Python callback that raised (a failed answer batch),
+    which the Spark job reports in one line itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "exception while executing the Python Proxy" not in record.getMessage()
 
 
 def quiet_py4j() -> None:
@@ -797,6 +893,8 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except (CliError, CaptureError, QueryError, SpoolFull) as e:
         return _fail(str(e))
+    except _StoppedWhileStarting:
+        return 0
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from capture.jit import kernel_inline
+from capture.jit import kernel_inline, readonly
 
 # One window of a mapped file. Readers never need more than one block (pcapng caps blocks at
 # 16 MiB, as libpcap does), so 64 MiB windows keep the RSS of any file near 64 MiB.
@@ -117,7 +117,9 @@ class ByteSource:
 
     ``source`` is a path, ``"-"`` (stdin), a binary file object (a pipe) or bytes. With
     ``follow`` a regular file is watched for growth every ``poll_s`` until ``stop`` is set.
-    Buffers handed out are never modified afterwards, so batches may keep referring to them.
+    Buffers handed out are never modified afterwards, so batches may keep referring to them;
+    they are read-only (a mapped file's are, a pipe's chunks are made so: one type for the
+    kernels, ``capture/jit.readonly``).
     """
 
     def __init__(self, source, *, window: int = WINDOW, follow: bool = False,
@@ -225,7 +227,7 @@ class ByteSource:
                 self.eof = True
                 break
             fill += k
-        self.base, self.buf = pos, out[:fill]
+        self.base, self.buf = pos, readonly(out[:fill])
         return fill
 
 

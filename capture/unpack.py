@@ -24,7 +24,7 @@ from capture.fields import (
     PACKET_INT_INDEX,
     enriched,
 )
-from capture.jit import kernel, kernel_inline
+from capture.jit import kernel, kernel_inline, readonly
 from capture.records import PREFETCH, touch_ahead
 
 _I = PACKET_INT_INDEX
@@ -523,11 +523,12 @@ def unpack(raw, want: Iterable[str] | None = None) -> TupleBatch:
     l4_at = np.full(deep, -1, np.int64)
     l4_end = np.empty(deep, np.int64)
     l4_proto = np.empty(deep, np.int32)
-    unpack_packets(raw.buf, raw.offset, raw.caplen, raw.wirelen, raw.linktype, raw.iface,
+    buf = readonly(raw.buf)
+    unpack_packets(buf, raw.offset, raw.caplen, raw.wirelen, raw.linktype, raw.iface,
                    want_int, want_src, want_dst, bool(groups & _IP_DEEP),
                    bool(groups & _L4_DEEP), ints, src, dst, l4_at, l4_end, l4_proto)
     if deep:
-        unpack_deep(raw.buf, l4_at, l4_end, l4_proto, ints, want_int, want_dns, want_qname,
+        unpack_deep(buf, l4_at, l4_end, l4_proto, ints, want_int, want_dns, want_qname,
                     qn_len, qn_buf, want_an, an_addr, an_ok, an_len, an_buf, pl_off, pl_len)
     ips = {}
     if want_src:
@@ -541,7 +542,7 @@ def unpack(raw, want: Iterable[str] | None = None) -> TupleBatch:
     if want_an_addr:
         ips["dns_an_addr"], ip_ok["dns_an_addr"] = an_addr, an_ok
     if want_payload:
-        strings["payload"] = _slices(raw.buf, pl_off, pl_len)
+        strings["payload"] = _slices(buf, pl_off, pl_len)
     return TupleBatch("packets", raw.ts_ns.copy(), ints, ips, strings, ip_ok)
 
 

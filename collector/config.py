@@ -111,7 +111,8 @@ class ApiConfig(BaseModel):
 
 
 def cache_dir() -> Path:
-    """flowsieve's per-user cache (``$XDG_CACHE_HOME/flowsieve``)."""
+    """flowsieve's per-user cache (``$XDG_CACHE_HOME/flowsieve``): the JVM's class-data
+    archive that ``flowsieve prepare`` makes."""
     import os
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "flowsieve"
@@ -127,11 +128,11 @@ class SparkConfig(BaseModel):
                                    "or a heartbeat this long after its end")
     trigger_s: float = Field(2.0, gt=0)
     class_archive_dir: str | None = Field(None, description="the class-data archive's folder "
-                                          "(default var_dir): daemons of one installation "
-                                          "may share one")
-    class_archive: bool = Field(True, description="keep a class-data archive of the JVM "
-                                "(var_dir, or the user's cache for replay): Spark starts "
-                                "sooner")
+                                          "(default: the user's cache, ~/.cache/flowsieve, "
+                                          "where flowsieve prepare makes it)")
+    class_archive: bool = Field(True, description="start the JVM with the class-data archive "
+                                "flowsieve prepare made (Spark starts sooner); no JVM of the "
+                                "daemon or of replay writes one")
     restart_backoff_s: float = Field(30.0, gt=0, description="a failed streaming query "
                                      "restarts after this long, doubled while it keeps failing "
                                      "(at most 10 minutes)")

@@ -201,6 +201,10 @@ class Metrics:
                                       "Spark streaming queries that stopped on an error (each "
                                       "is restarted after a back-off)", ["stream", "folder"],
                                       registry=r)
+        self.spark_batch_errors = Counter(
+            "flowsieve_spark_batch_errors", "Spark answer batches that raised, by the class of "
+            "the Python exception (the message: /readyz, /healthz's spark_failures, the log)",
+            ["stream", "folder", "exception"], registry=r)
         self.spool_bytes = Gauge("flowsieve_spool_bytes",
                                  "Bytes the spool holds now (files Spark has not read yet)",
                                  registry=r)

@@ -24,6 +24,10 @@ settings.load_profile("ci" if os.environ.get("CI") or STRICT else "dev")
 # a test that starts a JVM or a daemon is slow by construction (tests/lanes.py)
 pytest_plugins = ["tests.strict", "tests.lanes"]
 
+# tests/install/ makes fresh environments from a clean clone (minutes each): CI's install lane
+# (`make test-install`, run by .ci/run after make test), never a part of make test
+collect_ignore = [] if os.environ.get("FLOWSIEVE_INSTALL_LANE") else ["install"]
+
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):

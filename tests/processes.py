@@ -10,7 +10,6 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from datetime import datetime
@@ -51,11 +50,6 @@ def metric(text: str, name: str, labels: str = "") -> float:
     return 0.0
 
 
-# the test daemons' JVMs share one class-data archive (the first stopped cleanly writes it):
-# each later JVM starts about 2 s sooner and runs its first job about 1.4 s sooner
-CLASSES = Path(tempfile.gettempdir()) / "flowsieve-test-classes"
-
-
 def daemon_config(tmp_path, sources: list[str], queries: str | None) -> tuple[Path, int]:
     """A test daemon's configuration (a small local Spark, 1 s trigger) with these source
     lines (YAML flow mappings) and queries; its path and API port."""
@@ -68,8 +62,7 @@ def daemon_config(tmp_path, sources: list[str], queries: str | None) -> tuple[Pa
     cfg.write_text(f"""
 var_dir: {tmp_path / 'var'}
 api: {{host: 127.0.0.1, port: {port}}}
-spark: {{master: "local[2]", driver_memory: 1g, shuffle_partitions: 2, trigger_s: 1,
-        class_archive: true, class_archive_dir: {CLASSES}}}
+spark: {{master: "local[2]", driver_memory: 1g, shuffle_partitions: 2, trigger_s: 1}}
 initial_queries: {initial}
 sources:
 """ + "".join(f"  - {line}\n" for line in sources))
@@ -117,6 +110,39 @@ def stop_daemon(proc: subprocess.Popen, timeout: float = 60) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every process under ``pid`` (from /proc): pid -> command line."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(d))
+    out: dict[int, str] = {}
+    todo = [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            try:
+                out[c] = Path(f"/proc/{c}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            todo.append(c)
+    return out
+
+
+def running(pid: int) -> bool:
+    """The process exists and is no zombie (an exited child not yet reaped is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def v5_now(template: bytes, seq: int, now: float) -> bytes:

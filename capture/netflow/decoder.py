@@ -13,6 +13,7 @@ from numba.typed import Dict
 
 from capture.errors import DecodeError
 from capture.fields import NULL_INT, ip_bytes, ip_text
+from capture.jit import readonly
 from capture.netflow.batch import Datagrams, FlowBatch, empty_flows
 from capture.netflow.elements import (
     DONE,
@@ -181,13 +182,14 @@ class Decoder(TemplateRecords):
     def _run(self, dg: Datagrams, exp: np.ndarray, flags: np.ndarray) -> None:
         d, p = 0, 0
         exp = exp.astype(np.int32)
-        addrs = np.ascontiguousarray(dg.exporter)
+        # one type whatever the source (a listener's bytes are read-only, a held set's copy not)
+        buf, addrs = readonly(dg.buf), readonly(np.ascontiguousarray(dg.exporter))
         while True:
             if self.tables.garbage > 2 * len(self.tables.tdict) + 256:
                 self._rebuild_tables()
             ints, ips, ipset, k = self._out
             code, d, p, k, slot, key = decode_kernel(
-                dg.buf, dg.offset, dg.length, exp, dg.ts_ns, flags, addrs, d, p,
+                buf, dg.offset, dg.length, exp, dg.ts_ns, flags, addrs, d, p,
                 *self.tables.args(), self.st_dict, self.st, self.st_n, self.sdict,
                 self.override, self.default_interval, ints, ips, ipset, k, self._errs)
             self._out[3] = k
@@ -200,7 +202,6 @@ class Decoder(TemplateRecords):
                 self.st = np.concatenate([self.st, np.zeros_like(self.st)])
                 continue
             base = int(dg.offset[d])
-            buf = dg.buf
             ver = (int(buf[base]) << 8) | int(buf[base + 1])
             slen = (int(buf[base + p + 2]) << 8) | int(buf[base + p + 3])
             body = buf[base + p:base + p + slen].tobytes()

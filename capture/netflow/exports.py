@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from capture.jit import kernel
+from capture.jit import kernel, readonly
 from capture.netflow.batch import Datagrams
 from capture.netflow.decoder import Decoder
 from capture.unpack import _be16, link_walk
@@ -73,7 +73,7 @@ def export_datagrams(raw, ports) -> Datagrams:
     m = len(raw)
     off, ln = np.empty(m, np.int64), np.empty(m, np.int32)
     addr, rec = np.zeros((m, 16), np.uint8), np.empty(m, np.int64)
-    n = _udp_payloads(raw.buf, raw.offset, raw.caplen, raw.linktype,
+    n = _udp_payloads(readonly(raw.buf), raw.offset, raw.caplen, raw.linktype,
                       np.array(list(ports), np.int64), off, ln, addr, rec)
     return Datagrams(raw.buf, off[:n], ln[:n], addr[:n], raw.ts_ns[rec[:n]])
 

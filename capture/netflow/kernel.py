@@ -354,9 +354,12 @@ def decode_kernel(buf, d_off, d_len, d_exp, d_ts, d_flags, d_expaddr, start_d, s
                 return STOP_FULL, i, 0 if p == hlen else p, n, slot, 0
             hs = _be16(buf, base + 22) & 0x3FFF
             sampling[0] = ov if ov > 0 else (hs if hs > 0 else 1)
-            n, _ = _records(buf, base + hlen, mend, 0, t_fstart, t_fn, t_minlen, f_op, f_col,
-                            f_len, ver, export_ns, uptime, domain, 0, d_expaddr[i], ints, ips,
-                            ipset, n, tmp, sampling, row, smp_dict, smp_base)
+            # np.int64(0), not 0: a literal argument is a signature of its own (numba
+            # compiled _records twice, 2 s)
+            n, _ = _records(buf, base + hlen, mend, np.int64(0), t_fstart, t_fn, t_minlen,
+                            f_op, f_col, f_len, ver, export_ns, uptime, domain, np.int64(0),
+                            d_expaddr[i], ints, ips, ipset, n, tmp, sampling, row, smp_dict,
+                            smp_base)
             row[S_RECORDS] += count
             i += 1
             p = 0

@@ -12,6 +12,7 @@ import numpy as np
 
 from capture.errors import DecodeError
 from capture.fields import COUNTER_FIELDS, IP, NULL_INT, PACKET_INT_INDEX, fields, ip_bytes, ip_text
+from capture.jit import readonly
 from capture.netflow.batch import Datagrams
 from capture.records import RawBatch
 from capture.sflow.batch import CounterBatch, SampleBatch
@@ -120,7 +121,8 @@ class SflowDecoder:
         the ``samples`` stream is asked for (with the fields the plan reads)."""
         n = len(dg)
         flows, counters = np.zeros(n, np.int64), np.zeros(n, np.int64)
-        count_samples(dg.buf, dg.offset, dg.length, flows, counters)
+        buf = readonly(dg.buf)  # one type whatever the source
+        count_samples(buf, dg.offset, dg.length, flows, counters)
         nf, nc = int(flows.sum()), int(counters.sum())
         table = np.empty((len(DG_COLS), n), np.int64)
         agent = np.zeros((n, 16), np.uint8)
@@ -128,7 +130,7 @@ class SflowDecoder:
         fips = np.zeros((len(FS_IPS), nf, 16), np.uint8)
         fipset = np.zeros((len(FS_IPS), nf), np.bool_)
         cs = np.empty((len(CS_COLS), nc), np.int64)
-        nf, nc = decode_sflow(dg.buf, dg.offset, dg.length, table, agent, fs, fips, fipset, cs,
+        nf, nc = decode_sflow(buf, dg.offset, dg.length, table, agent, fs, fips, fipset, cs,
                               self.skipped)
         fs, fips, fipset, cs = fs[:, :nf], fips[:, :nf], fipset[:, :nf], cs[:, :nc]
         status = table[DG["status"]]

@@ -79,6 +79,8 @@ class Collector(QueryService, Supervision):
         self._enrich_reloader: enrich.Reloader | None = None
         self.snmp: SnmpPoller | None = None
         self.started = False
+        self.stop_requested: float | None = None  # when a stop was asked (time.monotonic)
+        self.stopped_cleanly = False  # stop() ended within its deadline, nothing killed
 
     def _initial_queries(self, path: Path) -> None:
         """Register the initial queries into a new registry. Resumed after a crash part way
@@ -123,7 +125,10 @@ class Collector(QueryService, Supervision):
         # runs its own engine (the feed's stream is counters)
         fed: list[tuple[SourceConfig, Source]] = []
         for c in s.sources:
-            src = make_source(c, s.batch_size, stats_callback(self.metrics, c), s.var_dir)
+            try:
+                src = make_source(c, s.batch_size, stats_callback(self.metrics, c), s.var_dir)
+            except OSError as e:  # a misnamed interface, a port in use: which source says it
+                raise OSError(f"source {c.name}: {e}") from e
             fed.append((c, src))
             if hasattr(src, "counters"):
                 fed.append((c, src.counters))
@@ -188,10 +193,13 @@ class Collector(QueryService, Supervision):
         """A clean stop within ``shutdown_timeout_s``: the sources stop (a durable one commits
         where it is), every engine's partials go to the spool and no window closes; Spark
         merges what the spool holds, its streaming queries stop between batches, and its JVM
-        ends (killed at the deadline: never left behind)."""
+        ends (killed at the deadline: never left behind). The deadline counts from
+        ``stop_requested`` (the signal) when it is set."""
         s = self.settings
-        start = time.monotonic()
-        deadline = start + s.shutdown_timeout_s
+        start = self.stop_requested or time.monotonic()
+        # the process exits after this (the API's server, the interpreter's teardown)
+        deadline = start + s.shutdown_timeout_s - min(1.0, s.shutdown_timeout_s / 10)
+        clean = True
         jvm_share = min(10.0, s.shutdown_timeout_s / 3)  # what the JVM's exit may take
         self._stop.set()
         if self._enrich_reloader is not None:
@@ -202,18 +210,21 @@ class Collector(QueryService, Supervision):
             t.join(timeout=max(0.0, deadline - jvm_share - time.monotonic()))
         left = [t.name for t in self._threads if t.is_alive()]
         if left:
+            clean = False
             log.warning("stopping: %s did not end in time; their unflushed partials are lost",
                         ", ".join(left))
         if self.job is not None:
             if not self.job.drain(deadline - jvm_share):
                 log.warning("stopping: Spark did not merge all of the spool in time; the "
                             "rest is merged when the daemon starts again")
-            self.job.stop(deadline - jvm_share)
+            self.job.stop(deadline - jvm_share,
+                          abandon_s=max(1.0, min(5.0, (deadline - time.monotonic()) / 2)))
             self.job = None
         if self._spark is None and self.spark is not None:
             from collector.spark.session import stop_jvm
             how = stop_jvm(self.spark, max(1.0, deadline - time.monotonic()))
             if how == "killed":
+                clean = False
                 log.warning("stopping: the Spark JVM did not exit in time and was killed")
             self.spark = None
         if self.alerts is not None:
@@ -222,5 +233,7 @@ class Collector(QueryService, Supervision):
             self.alerts = None
         if self.registry is not None:
             self.registry.close()
+        if self.started:
+            log.info("stopped in %.1f s", time.monotonic() - start)
         self.started = False
-        log.info("stopped in %.1f s", time.monotonic() - start)
+        self.stopped_cleanly = clean

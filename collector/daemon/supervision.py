@@ -213,6 +213,7 @@ class Supervision:
         """The Spark session (unless one was given) and the streaming queries of the plan."""
         from collector.spark.jvm_metrics import JvmCollector
         from collector.spark.merge import SparkJob
+        from collector.config import cache_dir
         from collector.spark.session import build_session, class_archive_path
         s = self.settings
         if not self._jvm_metrics:
@@ -221,7 +222,7 @@ class Supervision:
         self.spark = self._spark or build_session(
             s.spark.master, s.spark.driver_memory, s.spark.shuffle_partitions,
             s.spark.state_store == "rocksdb", s.spark.extra,
-            class_archive=class_archive_path(s.spark.class_archive_dir or s.var_dir)
+            class_archive=class_archive_path(s.spark.class_archive_dir or cache_dir())
             if s.spark.class_archive else None)
         self.job = SparkJob(self.spark, s.spool_dir, s.results_dir, s.checkpoint_dir,
                             self.slot_queries, s.spark.watermark_delay_s,
@@ -307,7 +308,7 @@ class Supervision:
             out.append(f"Spark is not running ({died}; a new JVM is starting)" if died else
                        "Spark is not running")
         else:
-            out += [f"Spark query {e}" for e in self.job.check()]
+            out += self.job.check()
         for src in self.sources if self._threads else []:
             state = self.source_state.get(src.name, "not started")
             if state not in ("running", "finished"):

@@ -121,7 +121,9 @@ def _asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, as
     is read: only the live tuples' are)."""
     words = Q.shape[1]
     n_asc = macro.shape[0]
-    n_alive = 0
+    # counts start as np.int64(0), not 0: numba types a literal 0 as a type of its own first
+    # and compiled _regions once per such argument seen while typing (four times, 3 s)
+    n_alive = np.int64(0)
     for i in range(Q.shape[0]):
         open_q = False
         for w in range(words):
@@ -141,12 +143,12 @@ def _asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, as
             if n_alive == 0:
                 break
             a = macro[k]
-            _regions(a, alive, 0, n_alive, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col,
-                     asc_cstart, asc_clen, c_int, c_hi, c_lo, asc_tstart, asc_tlen, r_table,
-                     asc_bstart, b_table, reg)
+            _regions(a, alive, np.int64(0), n_alive, ints, ip_hi, ip_lo, ip_ok, asc_is_ip,
+                     asc_col, asc_cstart, asc_clen, c_int, c_hi, c_lo, asc_tstart, asc_tlen,
+                     r_table, asc_bstart, b_table, reg)
             evals += n_alive
             d |= np.int64(1) << a
-            m = 0
+            m = np.int64(0)
             for j in range(n_alive):  # without a branch: a third of the tuples stay
                 i = alive[j]
                 r = reg[i]
@@ -186,7 +188,7 @@ def _asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, as
                 i = alive[j]
                 order[counts[nxt[i]]] = i
                 counts[nxt[i]] += 1
-        start = 0
+        start = np.int64(0)
         for a in range(n_asc):
             stop = counts[a]
             if stop > start:
@@ -202,7 +204,7 @@ def _asc_kernel(Q, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart, as
                     done[i] |= bit
             evals += stop - start
             start = stop
-        m = 0
+        m = np.int64(0)
         for j in range(n_alive):
             i = order[j]
             d = done[i]
@@ -234,9 +236,10 @@ def asc_regions(rows, ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col, asc_cstart,
     n = ints.shape[1] if ints.shape[0] else ip_ok.shape[1]
     out = np.empty((rows.shape[0], n_asc), dtype=np.int64)
     col = np.zeros(n, dtype=np.int64)
+    idx = rows.astype(np.int32)  # as asc_kernel's selection vectors: one _regions to compile
     for a in range(n_asc):
-        _regions(a, rows, 0, rows.shape[0], ints, ip_hi, ip_lo, ip_ok, asc_is_ip, asc_col,
-                 asc_cstart, asc_clen, c_int, c_hi, c_lo, asc_tstart, asc_tlen, r_table,
+        _regions(a, idx, np.int64(0), idx.shape[0], ints, ip_hi, ip_lo, ip_ok, asc_is_ip,
+                 asc_col, asc_cstart, asc_clen, c_int, c_hi, c_lo, asc_tstart, asc_tlen, r_table,
                  asc_bstart, b_table, col)
         for k in range(rows.shape[0]):
             out[k, a] = col[rows[k]]

@@ -208,7 +208,8 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
                                 (0,) * t_keys.shape[1], meas_idx, start)
     args = (t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, mask, time, period,
             ints, ips)
-    specialize(key, (*args, fields_, rows, (0,) * t_keys.shape[1], meas_idx, start))
+    if SPECIALIZE:
+        specialize(key, (*args, fields_, rows, (0,) * t_keys.shape[1], meas_idx, start))
     return _merge_tuples_of(*args, np.array(fields_, np.int64), np.array(rows, np.int64),
                             np.empty(t_keys.shape[1], np.int64), meas_idx, start)
 
@@ -218,6 +219,9 @@ def merge_tuples(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
 _SPECIALIZED: set[tuple[int, int]] = set()
 _SPECIALIZING: dict[tuple[int, int], threading.Thread] = {}
 _SPECIALIZE_LOCK = threading.Lock()
+# False: merge_tuples compiles no layout's own kernel (``flowsieve prepare``'s warm-up queries:
+# their aggregate trees' layouts are theirs, not the user's, and take 1-2.5 s each)
+SPECIALIZE = True
 
 
 def specialize(key: tuple[int, int], args: tuple) -> threading.Thread:
@@ -245,6 +249,16 @@ def specialize(key: tuple[int, int], args: tuple) -> threading.Thread:
                                                   name=f"lfta-specialize-{key[0]}-{key[1]}")
         t.start()
         return t
+
+
+def wait_specialized() -> list[tuple[int, int]]:
+    """Wait for the key layouts' kernels being compiled (``specialize``'s threads are daemon
+    threads: a process that ends first loses them, cache included); the layouts ready."""
+    with _SPECIALIZE_LOCK:
+        threads = list(_SPECIALIZING.values())
+    for t in threads:
+        t.join()
+    return sorted(_SPECIALIZED)
 
 
 @allocating
@@ -394,8 +408,10 @@ def _merge_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
             c = codes[j]
             bit = np.int64((Q[sel[j], w] >> sh) & np.uint64(1))
             codes[j] = (c << 1) | bit if c >= 0 else -1
-    n_t = 0
-    ws_d = I64_MIN  # the window the array holds
+    # np.int64, not literals: numba compiled _drain_dense once per literal argument it met
+    # while typing (three times, 3 s)
+    n_t = np.int64(0)
+    ws_d = np.int64(I64_MIN)  # the window the array holds
     merged = 0
     first = I64_MAX
     ws, end = I64_MAX, I64_MIN
@@ -411,7 +427,7 @@ def _merge_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
                 n_used = _drain_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, ws_d,
                                       radix, pat_w, pat_b, d_cnt, d_sum, d_min, d_max, touched,
                                       n_t, key, at)
-                n_t = 0
+                n_t = np.int64(0)
             ws_d = ws
             if d_cnt[code] == 0 and n_used + n_t >= limit:
                 small = False  # no room for a new row unless it is in the table: probe it
@@ -438,7 +454,7 @@ def _merge_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, limit, Q, m
                 n_used = _drain_dense(t_keys, t_used, t_cnt, t_sum, t_min, t_max, n_used, ws_d,
                                       radix, pat_w, pat_b, d_cnt, d_sum, d_min, d_max, touched,
                                       n_t, key, at)
-                n_t = 0
+                n_t = np.int64(0)
             key[0, 0] = ws
             for k in range(nk):
                 key[0, 1 + k] = ints[idx[k], i]

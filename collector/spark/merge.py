@@ -7,6 +7,7 @@ per query of what it wrote; it never holds an answer row."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -24,13 +25,21 @@ from capture.fields import measures
 from collector.metrics import Metrics
 from collector.pipeline.spool import schema_for, spark_ddl
 from collector.spark.derive import Folder, answers
-from collector.spark.session import class_dump_ready
+from collector.spark.session import one_line
 from collector.spark.write import clear_leftovers, sweep_results
 from planner.ir import Query
 
 log = logging.getLogger("flowsieve.spark")
 
 Queries = Callable[[], Mapping[int, Query]]  # the live queries (and WITH parts) by slot
+
+
+class BatchFailed(RuntimeError):
+    """An answer batch raised (the one line why is its message): what the JVM is told."""
+
+
+class BatchAbandoned(RuntimeError):
+    """The daemon stopped while an answer batch ran: Spark runs it again at the next start."""
 
 
 def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None,
@@ -61,12 +70,6 @@ def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None,
         *aggs, F.hll_union_agg("hll", True).alias("hll")))
 
 
-def _first_line(e) -> str:
-    """A Spark exception in one line (its message without the JVM stack)."""
-    text = str(getattr(e, "desc", None) or e).strip()
-    return text.splitlines()[0][:300] if text else type(e).__name__
-
-
 class SparkJob:
     """Starts and stops the per-folder streaming queries; answers a finite spool in batch."""
 
@@ -91,6 +94,10 @@ class SparkJob:
         self._seen_batch: dict[tuple[str, str], int] = {}  # progress reports counted
         # per folder: every window starting before this (epoch s) is answered, for good
         self.complete_before: dict[tuple[str, str], float] = {}
+        # per folder: why its latest answer batch failed, in one line (the exception it raised,
+        # in this process's callback or in a Python worker), until a batch succeeds
+        self.batch_errors: dict[tuple[str, str], str] = {}
+        self.stopping = False  # stop(): a batch that fails now was abandoned, not broken
 
     def folder(self, stream: str, folder: str) -> Folder:
         """The folder's queries as they are now (the job planned next answers them)."""
@@ -126,11 +133,41 @@ class SparkJob:
 
     def _sink(self, stream: str, folder: str):
         def write_batch(batch_df: DataFrame, batch_id: int) -> None:
-            self._answer(batch_df, stream, folder,
-                         f"{self._run_id(stream, folder)}-{batch_id:08d}")
+            try:
+                if self.stopping:
+                    raise BatchAbandoned("the daemon is stopping")
+                self._answer(batch_df, stream, folder,
+                             f"{self._run_id(stream, folder)}-{batch_id:08d}")
+            except Exception as e:
+                # the batch fails, uncommitted: Spark runs it again (after a restart of its
+                # query, or at the next start). What reaches the JVM is short (its handling
+                # of a long Python traceback with a Java stack inside once overflowed its
+                # stack); why, in one line, is said here
+                if self.stopping:
+                    raise BatchAbandoned("the daemon is stopping: the batch runs again at "
+                                         "its next start") from None
+                why = self._batch_failed((stream, folder), batch_id, e)
+                raise BatchFailed(why) from None
+            self.batch_errors.pop((stream, folder), None)
             self.metrics.spark_batches.labels(stream, folder).inc()
-            class_dump_ready()
         return write_batch
+
+    def _batch_failed(self, key: tuple[str, str], batch_id: int, e: BaseException) -> str:
+        """A batch's answer job raised: its exception in one line for the log, ``check()``
+        (readiness) and ``errors``, counted by its class (its traceback at debug level)."""
+        why = one_line(e)
+        self.batch_errors[key] = why
+        self.metrics.spark_batch_errors.labels(*key, why.split(":", 1)[0]).inc()
+        log.error("Spark batch %s/%s (%d) failed: %s", *key, batch_id, why)
+        log.debug("Spark batch %s/%s (%d)", *key, batch_id, exc_info=e)
+        return why
+
+    def _why(self, key: tuple[str, str], sq) -> str:
+        """Why a streaming query stopped, in one line: its batch's exception when the answer
+        job raised it, else the query's own error."""
+        if key in self.batch_errors:
+            return f"Spark batch {key[0]}/{key[1]}: {self.batch_errors[key]}"
+        return f"Spark query {key[0]}/{key[1]}: {one_line(sq.exception())}"
 
     def _run_id(self, stream: str, folder: str) -> str:
         """The streaming query's id, kept in its checkpoint (a checkpoint started again from
@@ -212,20 +249,18 @@ class SparkJob:
             self.timings["answers_s"] = self.timings.get("answers_s", 0.0) + \
                 time.perf_counter() - t0
             self.metrics.spark_batches.labels(stream, folder).inc()
-            class_dump_ready()
 
     def check(self) -> list[str]:
-        """Errors of queries that stopped and are not running again. Never raises: a JVM that
+        """Why queries that stopped are not running, a line each. Never raises: a JVM that
         died (or is dying) answers the query handles with Py4J errors, which read here as
         that query being down, until the supervisor has started Spark again."""
         out = []
         for (s, f), sq in list(self.queries.items()):
             try:
                 if not sq.isActive and sq.exception() is not None:
-                    out.append(f"{s}/{f}: {_first_line(sq.exception())}")
+                    out.append(self._why((s, f), sq))
             except Exception as e:  # noqa: BLE001 - Py4J's errors have no common base
-                out.append(f"{s}/{f}: Spark does not answer ({type(e).__name__}: "
-                           f"{_first_line(e)})")
+                out.append(f"Spark query {s}/{f}: Spark does not answer ({one_line(e)})")
         return out
 
     def supervise(self, backoff_s: float = 30.0, max_backoff_s: float = 600.0) -> None:
@@ -244,8 +279,13 @@ class SparkJob:
                 continue  # stopped on purpose
             retry_at, attempts = self._failed.get(key, (None, 0))
             if retry_at is None:
-                msg = f"{key[0]}/{key[1]}: {_first_line(sq.exception())}"
-                log.error("Spark query %s failed: %s", sq.name, msg)
+                msg = self._why(key, sq)
+                wait = min(max_backoff_s, backoff_s * 2 ** attempts)
+                if key in self.batch_errors:  # the batch's line said why
+                    log.warning("Spark query %s stopped on its failed batch; it restarts in "
+                                "%.0f s", sq.name, wait)
+                else:
+                    log.error("%s; it restarts in %.0f s", msg.rstrip("."), wait)
                 self.errors = (self.errors + [msg])[-10:]
                 self.metrics.spark_failures.labels(*key).inc()
                 self._failed[key] = (now + min(max_backoff_s, backoff_s * 2 ** attempts),
@@ -298,29 +338,54 @@ class SparkJob:
         done = []
 
         def wait_all() -> None:
-            for sq in list(self.queries.values()):
-                if sq.isActive:
-                    sq.processAllAvailable()
-            done.append(True)
+            try:
+                for sq in list(self.queries.values()):
+                    if sq.isActive:
+                        sq.processAllAvailable()
+                done.append(True)
+            except Exception:  # noqa: BLE001 - a query that failed or was stopped meanwhile
+                pass
 
         t = threading.Thread(target=wait_all, name="spark-drain", daemon=True)
         t.start()
         t.join(max(0.0, deadline - time.monotonic()))
         return bool(done)
 
-    def stop(self, deadline: float | None = None) -> None:
+    def stop(self, deadline: float | None = None, abandon_s: float = 5.0) -> None:
         """Stop the streaming queries, each between two batches when it can (until
-        ``deadline``): stopping one inside a batch interrupts the answer job, whose
-        Python callback and tasks then fail with the JVM's stack traces in the log."""
-        for sq in list(self.queries.values()):
+        ``deadline``). A batch still running then is abandoned: its Spark jobs are cancelled
+        and its callback fails with a short error (interrupting the query inside its Python
+        callback instead made the JVM print its stack traces); uncommitted, it runs again
+        when the daemon starts next (its offsets are in the checkpoint): nothing is lost or
+        answered twice."""
+        queries = list(self.queries.values())
+        while deadline is not None and time.monotonic() < deadline and \
+                any(self._in_batch(sq) for sq in queries):
+            time.sleep(0.05)
+        busy = [sq for sq in queries if self._in_batch(sq)]
+        if busy:
+            self.stopping = True
+            log.info("stopping: Spark's batch in progress (%s) is abandoned; it runs again "
+                     "at the next start", ", ".join(str(sq.name) for sq in busy))
+            until = time.monotonic() + abandon_s
+            while time.monotonic() < until and any(self._in_batch(sq) for sq in busy):
+                with contextlib.suppress(Exception):
+                    self.spark.sparkContext.cancelAllJobs()
+                time.sleep(0.1)
+        for sq in queries:
             try:
-                while deadline is not None and time.monotonic() < deadline and \
-                        sq.isActive and sq.status.get("isTriggerActive"):
-                    time.sleep(0.05)
                 sq.stop()
             except Exception as e:  # noqa: BLE001 - stopping must not raise
-                log.warning("stopping %s: %s", sq.name, e)
+                log.warning("stopping %s: %s", sq.name, one_line(e))
         self.queries.clear()
+
+    @staticmethod
+    def _in_batch(sq) -> bool:
+        """Whether a streaming query is running a batch now."""
+        try:
+            return bool(sq.isActive and sq.status.get("isTriggerActive"))
+        except Exception:  # noqa: BLE001 - its JVM side is gone: no batch runs
+            return False
 
 
 
@@ -363,4 +428,3 @@ def warm_up(spark: SparkSession) -> None:
         rows = spark.read.schema(spark_ddl(schema)).parquet(str(spool))
         job._answer(rows, "packets", "60", "warm")
     _warmed.add(app)
-    class_dump_ready()

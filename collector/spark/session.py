@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -23,108 +24,66 @@ ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvi
 # answer job: 5.6 against 8.7 s, warm)
 QUICK_START_BYTES = 64 << 20
 ARROW_BATCH_ROWS = 65536  # rows per Arrow batch to and from Spark's Python workers
-_dump_ready: Path | None = None  # marks this process's JVM's class dump as worth keeping
-_dump: Path | None = None  # the class dump this process's JVM writes when it exits
 
 
-def jvm_options(class_archive: str | os.PathLike | None, quick_start: bool) -> list[str]:
-    """JVM start-up options. A class-data archive (AppCDS) maps the classes Spark loads instead
-    of parsing them from its jars: a JVM that finds none writes one when it exits, and later
-    ones start about 2 s sooner and run their first job about 1.4 s sooner (bench/README.md).
-    A dump is kept only from a JVM that ran a job (``class_dump_ready``): one that only started
-    holds a fifth of the classes a merge loads. It is promoted to ``class_archive`` once the
-    process that started its JVM is gone and it has not changed for 10 s; a stale or foreign
-    archive is ignored by the JVM (``-Xshare:auto``)."""
-    global _dump_ready, _dump
+def jvm_options(class_archive: str | os.PathLike | None, quick_start: bool,
+                dump: str | os.PathLike | None = None) -> list[str]:
+    """JVM start-up options. A class-data archive (AppCDS) maps the classes Spark loads
+    instead of parsing them from its jars: a JVM that finds ``class_archive`` starts about 2 s
+    sooner and runs its first job about 1.4 s sooner (bench/README.md). No JVM of the daemon
+    or of ``replay`` writes one: ``flowsieve prepare`` does, at install (``dump``: this JVM
+    writes its classes there when it exits, however long that takes). Writing one at exit
+    took a stop past its deadline (about 190 MB, killed half-written at 20 s). A stale or
+    foreign archive is ignored by the JVM (``-Xshare:auto``)."""
     opts = []
     if quick_start:
         opts += ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
-    if class_archive is not None:
-        archive = Path(class_archive)
-        archive.parent.mkdir(parents=True, exist_ok=True)
-        _promote(archive)
-        _forget_others(archive)
+    if class_archive is not None or dump is not None:
         opts.append("-Xlog:cds=off,cds+dynamic=off")
+    if dump is not None:
+        opts.append(f"-XX:ArchiveClassesAtExit={dump}")
+    elif class_archive is not None:
+        archive = Path(class_archive)
+        _forget_others(archive)
         if archive.exists():
             with contextlib.suppress(OSError):
                 os.utime(archive)  # its last use: another installation's cleanup reads it
             opts.append(f"-XX:SharedArchiveFile={archive}")
-        else:
-            dump = archive.with_name(f"{archive.name}.dump-{os.getpid()}")
-            opts.append(f"-XX:ArchiveClassesAtExit={dump}")
-            _dump_ready = dump.with_name(dump.name + ".ready")
-            _dump = dump
     return opts
 
 
-def _promote(archive: Path) -> None:
-    """Dumps of JVMs that are gone become the archive (one that ran a job) or are removed."""
-    now = time.time()
-    paths = sorted(archive.parent.glob(archive.name + ".dump-*"),
-                   key=lambda p: p.suffix == ".ready")  # each dump before the markers
-    for path in paths:
-        dump = path.with_name(path.name.removesuffix(".ready"))
-        try:
-            pid = _dump_pid(path)
-            if _alive(pid) or now - path.stat().st_mtime <= 10:
-                continue
-            ready = dump.with_name(dump.name + ".ready")
-            if path == dump and ready.exists() and not archive.exists():
-                os.replace(dump, archive)
-            else:
-                path.unlink()  # a dump of a JVM that ran no job, or a marker left over
-        except (FileNotFoundError, ValueError):
-            pass
-
-
 FORGET_ARCHIVE_S = 30 * 86400  # another installation's archive unused this long is removed
-FORGET_DUMP_S = 86400  # ... and a dump its JVM left this long ago that it never promoted
-
-
-def _dump_pid(path: Path) -> int:
-    """The process whose JVM wrote a dump ``….jsa.dump-<pid>`` (or its ``.ready`` marker)."""
-    return int(path.name.removesuffix(".ready").rsplit("-", 1)[1])
+FORGET_DUMP_S = 3600  # ... and a dump ``prepare`` left this long ago (its process is gone)
 
 
 def _forget_others(archive: Path) -> None:
-    """Class-data files of other pyspark installations sharing the folder (180 MB each):
-    an archive no JVM has used for 30 days (a deleted virtual environment's) and a dump whose
-    JVM is gone for a day without its installation starting again to promote it."""
+    """Class-data files of other pyspark installations sharing the folder (about 190 MB
+    each): an archive no JVM has used for 30 days (a deleted virtual environment's), and a
+    dump that a ``prepare`` stopped part way left behind."""
     now = time.time()
     for path in archive.parent.glob("spark-*-job-classes.jsa*"):
-        if path.name.startswith(archive.name):
-            continue  # this installation's: _promote's
+        if path == archive:
+            continue
         try:
             age = now - path.stat().st_mtime
             if path.name.endswith(".jsa"):
                 stale = age > FORGET_ARCHIVE_S
             else:
-                stale = age > FORGET_DUMP_S and not _alive(_dump_pid(path))
+                stale = age > FORGET_DUMP_S and not _alive(int(path.name.rsplit("-", 1)[1]))
             if stale:
                 path.unlink()
         except (FileNotFoundError, ValueError, IndexError):
             pass
 
 
-def class_dump_ready() -> None:
-    """This process's JVM has run a Spark job: the class dump it writes at exit holds the
-    classes a job needs and is kept (marked once: every later batch finds nothing to do)."""
-    global _dump_ready
-    if _dump_ready is not None:
-        with contextlib.suppress(OSError):
-            _dump_ready.touch()
-        _dump_ready = None
-
-
 def stop_jvm(spark: SparkSession | None, timeout_s: float) -> str:
     """Stop the session and the JVM this process launched for it, within ``timeout_s``: the
     SparkContext stops (its executors and Python workers with it), Py4J's connections close,
     and the JVM, told by the end of its standard input (pyspark's gateway exits then), ends
-    by itself, writing its class dump if it has one to write. One that has not ended by then
-    is killed and its unfinished dump removed: a daemon never leaves its JVM running behind
-    it. How it ended: ``exited`` (its code), ``killed``, or ``none`` (no JVM of ours)."""
+    by itself. One that has not ended by then is killed: a daemon never leaves its JVM
+    running behind it. How it ended: ``exited`` (its code), ``killed``, or ``none`` (no JVM
+    of ours)."""
     import subprocess
-    global _dump_ready
     deadline = time.monotonic() + timeout_s
     gateway = SparkContext._gateway
     proc = getattr(gateway, "proc", None)
@@ -146,11 +105,6 @@ def stop_jvm(spark: SparkSession | None, timeout_s: float) -> str:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-    if _dump is not None:  # a dump cut short is no archive: it and its marker go
-        for path in (_dump, _dump.with_name(_dump.name + ".ready")):
-            with contextlib.suppress(OSError):
-                path.unlink()
-    _dump_ready = None
     return "killed"
 
 
@@ -179,13 +133,14 @@ def class_archive_path(folder: str | os.PathLike) -> Path:
 def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_partitions: int = 4,
                   rocksdb: bool = True, extra: dict[str, str] | None = None,
                   app_name: str = "flowsieve", jvm_log: str | os.PathLike | None = None,
-                  class_archive: str | os.PathLike | None = None, quick_start: bool = False
-                  ) -> SparkSession:
+                  class_archive: str | os.PathLike | None = None, quick_start: bool = False,
+                  class_dump: str | os.PathLike | None = None) -> SparkSession:
     """A Spark session configured for flowsieve (workers run this interpreter). With
     ``jvm_log`` the JVM's own output (its stack traces, log4j's console) goes to that file
     instead of this process's terminal: commands report Spark's failures in one line.
-    ``class_archive`` is a class-data archive of the JVM (``jvm_options``); ``quick_start``
-    trades peak JIT speed for start-up (a command that runs once, such as ``replay``)."""
+    ``class_archive`` is a class-data archive of the JVM, ``class_dump`` where this JVM writes
+    one when it exits (``jvm_options``); ``quick_start`` trades peak JIT speed for start-up (a
+    command that runs once, such as ``replay``)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     local = master.startswith("local")
@@ -208,7 +163,7 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
          .config("spark.python.daemon.module", "collector.spark.worker")
          .config("spark.driver.extraJavaOptions", " ".join(
              [f"-Dlog4j2.configurationFile=file:{log4j}",
-              *jvm_options(class_archive, quick_start)])))
+              *jvm_options(class_archive, quick_start, class_dump)])))
     if local:  # a cluster's executors reach the driver at spark.driver.host (spark.extra)
         b = b.config("spark.driver.bindAddress", "127.0.0.1")
     if rocksdb:
@@ -275,13 +230,55 @@ def _said(e: BaseException) -> str:
             or type(e).__name__
 
 
+_RAISED = re.compile(r"(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*)(?::\s*(.*))?")
+_ERROR_CLASS = re.compile(r"^\[[A-Z0-9_.]+\]\s*")  # PySpark's "[PACKAGE_NOT_INSTALLED] …"
+
+
+def raised(text: str) -> tuple[str, str] | None:
+    """The exception the last Python traceback in ``text`` ends with: its class's name and
+    its message's first line (None: no traceback). A Python worker's failure and an error of
+    the driver's Py4J callback reach Spark as such text."""
+    found = None
+    in_trace = indented = False
+    for line in text.splitlines():
+        if "Traceback (most recent call last)" in line:
+            in_trace, indented = True, False
+        elif in_trace and line[:1] in (" ", "\t"):
+            indented = True
+        elif in_trace and indented and line.strip():
+            m = _RAISED.fullmatch(line.strip())
+            if m:
+                found = (m.group(1), m.group(2) or "")
+            in_trace = False
+    return found
+
+
+def one_line(e: BaseException) -> str:
+    """An error in one line, ``Class: message``: the Python exception a traceback in it ends
+    with (a worker's, a callback's), else a Py4J error's Java exception, else its own class
+    and first line; PySpark's ``[ERROR_CLASS]`` prefix left out."""
+    text = _said(e)
+    name, message = raised(text) or (type(e).__name__, "")
+    if name == type(e).__name__ and not message:
+        if name == "Py4JJavaError":
+            for line in text.splitlines():
+                m = re.search(r"((?:java|org\.apache\.spark)[\w.$]*(?:Exception|Error)): ?(.*)",
+                              line)
+                if m:
+                    name, message = m.group(1).rsplit(".", 1)[-1], m.group(2)
+                    break
+        if not message:
+            message = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    message = _ERROR_CLASS.sub("", message.strip())
+    return f"{name}: {message}"[:300].rstrip(": ") if message else name
+
+
 def failure_reason(e: BaseException, jvm_log: str | os.PathLike | None = None) -> str | None:
     """One line saying why Spark failed, from the error a PySpark call raised, the JVM's exit
     and its log (None: not Spark's). Running out of memory says so and names the setting to
     raise, whether the JVM ran out (an OutOfMemoryError; a JVM that died of one) or a Python
     worker did (a MemoryError under its limit; a worker killed, as the kernel's OOM killer
     does); a JVM that died otherwise says it died, never just "Connection refused"."""
-    import re
     text = "\n".join(_said(x) for x in (e, e.__cause__, e.__context__) if x)
     names = {type(x).__module__.split(".")[0] for x in (e, e.__cause__, e.__context__) if x}
     logged = ""
@@ -313,15 +310,11 @@ def failure_reason(e: BaseException, jvm_log: str | os.PathLike | None = None) -
         return f"a Spark Python worker was killed (out of memory?): {_WORKER}"
     if code is not None:
         return f"the Spark JVM died (exit code {code})"
-    if python:  # a Python worker's traceback: its exception's line
-        raised = [ln.strip() for ln in text.splitlines()
-                  if re.match(r"\w+(\.\w+)*(Error|Exception)\b", ln.strip())]
-        if raised:
-            return f"a Spark Python worker failed: {raised[-1][:300]}"
+    if python and raised(text):  # a Python worker's traceback: its exception
+        return f"a Spark Python worker failed: {one_line(e)}"
     for line in text.splitlines():
         line = line.strip()
         m = re.search(r"((?:java|org\.apache\.spark)[\w.$]*(?:Exception|Error)): ?(.*)", line)
         if m:
             return f"{m.group(1)}: {m.group(2)}".rstrip(": ")
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
-    return first[:300]
+    return one_line(e)

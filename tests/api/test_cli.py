@@ -178,6 +178,24 @@ def test_run_refuses_initial_queries_it_could_not_start_with(tmp_path):
     assert not (tmp_path / "var" / "checkpoints").exists()
 
 
+def test_a_start_up_failure_is_one_line(tmp_path):
+    """An interface source that names no interface: the daemon stops in its start-up with one
+    line saying which source and why, exit status 1, no traceback (it was 60 lines ending in
+    "Application startup failed"); nothing is left running."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"var_dir: {tmp_path / 'var'}\napi: {{host: 127.0.0.1, port: 0}}\n"
+                   "sources:\n  - {type: interface, name: uplink, interface: nosuch0}\n")
+    out = cli("run", "--config", str(cfg))
+    assert out.returncode == 1 and out.stdout == "", out.stderr
+    lines = out.stderr.splitlines()
+    assert lines[-1].startswith("error: start-up failed: ") and \
+        [ln for ln in lines if "error" in ln.lower()] == lines[-1:], out.stderr
+    assert "source uplink" in lines[-1] and "nosuch0" in lines[-1]
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "var" / "checkpoints").exists() or \
+        not any((tmp_path / "var" / "checkpoints").iterdir())
+
+
 def test_version_fields_and_help():
     from capture.fields import fields
     out = cli("--version")
@@ -191,7 +209,7 @@ def test_version_fields_and_help():
     # every subcommand has a description and every flag a help text
     from api.cli import parser
     sub = next(a for a in parser()._actions if a.dest == "command")
-    assert set(sub.choices) == {"run", "replay", "decode", "plan", "fields"}
+    assert set(sub.choices) == {"run", "replay", "decode", "plan", "fields", "prepare"}
     for name, p in sub.choices.items():
         assert p.description, name
         assert all(a.help for a in p._actions), name

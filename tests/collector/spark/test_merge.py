@@ -5,6 +5,7 @@ back-off, and answers what the spool held meanwhile."""
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pyarrow.parquet as pq
@@ -100,6 +101,13 @@ def test_failed_query_is_reported_and_restarted(spark, tmp_path):
         wait_for(failed, 180, "the failure to be seen")
         assert metrics.spark_failures.labels("packets", "60")._value.get() == 1
         assert job.check() and "packets/60" in job.errors[0]
+        # the Python workers' exception, in one line (it was Py4J's "An exception was raised
+        # by the Python Proxy. Return Message: Traceback (most recent call last):")
+        [why] = job.check()
+        assert re.fullmatch(r"Spark batch packets/60: \w+Error: .+", why), why
+        assert "Traceback" not in why and "Python Proxy" not in why
+        exc = why.split(": ")[1]
+        assert metrics.spark_batch_errors.labels("packets", "60", exc)._value.get() >= 1
         assert metrics.spark_up._value.get() == 0
         results.unlink()
         results.mkdir()
@@ -117,6 +125,42 @@ def test_failed_query_is_reported_and_restarted(spark, tmp_path):
         assert metrics.spark_up._value.get() == 1
     finally:
         job.stop()
+
+
+def test_a_failed_batch_is_one_line_with_its_python_exception(spark, tmp_path, monkeypatch,
+                                                              caplog):
+    """PySpark's mapInArrow needs pandas in the driver: on an install without it, every answer
+    batch failed in the foreachBatch callback, and readiness said "Spark query packets/60: An
+    exception was raised by the Python Proxy. Return Message: Traceback (most recent call
+    last):". With pandas' import failing here as it fails there, readiness, the log and the
+    metrics say one line with the Python exception."""
+    import sys
+    path, _ = spread(tmp_path, "ok.pcap", 0.5)
+    plan, _ = spooled(tmp_path, path)
+    metrics = Metrics()
+    slots = {qp.slot: qp.query for qp in plan.queries}
+    job = SparkJob(spark, tmp_path / "spool", tmp_path / "results", tmp_path / "ck",
+                   lambda: slots, 1, metrics, trigger_s=0.5)
+    monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas fails
+    caplog.set_level("INFO", logger="flowsieve.spark")
+    try:
+        job.start("packets", "60")
+
+        def failed() -> bool:
+            job.supervise(backoff_s=3600.0)
+            return bool(job.errors)
+        wait_for(failed, 180, "the failure to be seen")
+    finally:
+        job.stop()
+    why = "Spark batch packets/60: PySparkImportError: Pandas >= 2.2.0 must be installed"
+    assert job.errors[0].startswith(why), job.errors
+    assert "\n" not in job.errors[0]
+    assert metrics.spark_batch_errors.labels("packets", "60",
+                                             "PySparkImportError")._value.get() == 1
+    logged = [r for r in caplog.records if r.name == "flowsieve.spark"]
+    assert any(r.levelname == "ERROR" and "PySparkImportError: Pandas" in r.getMessage()
+               for r in logged), [r.getMessage() for r in logged]
+    assert all(r.exc_info is None and "\n" not in r.getMessage() for r in logged)
 
 
 def test_spark_merges_the_sketches_python_writes(spark):
@@ -217,58 +261,35 @@ def test_a_warm_jvm_is_not_warmed_up_again(spark, monkeypatch):
     assert len(ran) == 1
 
 
-def test_class_archive_kept_only_from_a_jvm_that_ran_a_job(tmp_path, monkeypatch):
-    """A dump whose JVM ran a job (its ``.ready`` marker) becomes the archive once its process
-    is gone; a dump of a JVM that only started is removed; a live process's dump is left."""
-    import subprocess
-    import sys
-
-    from collector.spark import session as job
-    monkeypatch.setattr(job, "_dump_ready", None)  # restored after: the session's own JVM
-
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
-    dead = int(gone.stdout)
-    archive = tmp_path / "spark-classes.jsa"
-    old = time.time() - 60
-
-    def dump(pid: int, ready: bool):
-        d = tmp_path / f"{archive.name}.dump-{pid}"
-        d.write_bytes(b"classes")
-        marks = [d]
-        if ready:
-            marks.append(d.with_name(d.name + ".ready"))
-            marks[-1].touch()
-        for m in marks:
-            os.utime(m, (old, old))
-        return d
-    idle, live = dump(dead, ready=False), dump(os.getpid(), ready=True)
-    opts = job.jvm_options(archive, quick_start=False)
-    assert not idle.exists() and live.exists() and not archive.exists()
-    assert any(o.startswith("-XX:ArchiveClassesAtExit=") for o in opts)
-    # this process's JVM runs a job: its dump is marked, and kept once the process is gone
-    job.class_dump_ready()
-    mine = tmp_path / f"{archive.name}.dump-{os.getpid()}.ready"
-    assert mine.exists()
-    live.unlink()
-    mine.unlink()
-    kept = dump(dead, ready=True)
-    opts = job.jvm_options(archive, quick_start=True)
-    assert archive.read_bytes() == b"classes" and not kept.exists()
+def test_a_jvm_uses_the_archive_prepare_made_and_never_writes_one(tmp_path):
+    """The daemon's and replay's JVMs start with the archive when it exists and write none
+    (writing one at exit took a stop past its deadline); only ``prepare``'s JVM is told where
+    to write one."""
+    from collector.spark.session import class_archive_path, jvm_options
+    archive = class_archive_path(tmp_path)
+    for quick in (False, True):
+        opts = jvm_options(archive, quick_start=quick)
+        assert not any("SharedArchiveFile" in o or "ArchiveClassesAtExit" in o for o in opts)
+    archive.write_bytes(b"classes")
+    opts = jvm_options(archive, quick_start=True)
     assert f"-XX:SharedArchiveFile={archive}" in opts
-    assert not list(tmp_path.glob("*.ready"))
+    assert not any("ArchiveClassesAtExit" in o for o in opts)
+    dump = tmp_path / f"{archive.name}.dump-{os.getpid()}"
+    opts = jvm_options(archive, quick_start=False, dump=dump)
+    assert f"-XX:ArchiveClassesAtExit={dump}" in opts
+    assert not any("SharedArchiveFile" in o for o in opts)
+    assert jvm_options(None, quick_start=False) == []
 
 
-def test_other_installations_class_files_are_removed_once_stale(tmp_path, monkeypatch):
-    """Each installation's archive and dumps are 180 MB in a shared cache folder: another
+def test_other_installations_class_files_are_removed_once_stale(tmp_path):
+    """Each installation's archive is about 190 MB in a shared cache folder: another
     installation's archive unused for 30 days goes (a deleted virtual environment's), and so
-    does a dump whose JVM left it a day ago and never had it promoted; a recent one, a live
-    JVM's and this installation's own stay, and a JVM's use keeps its archive fresh."""
+    does a dump that a ``prepare`` stopped part way left an hour ago; a recent one, a live
+    process's and this installation's own stay, and a JVM's use keeps its archive fresh."""
     import subprocess
     import sys
 
     from collector.spark import session as job
-    monkeypatch.setattr(job, "_dump_ready", None)
     dead, later = (int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                                       capture_output=True, text=True, check=True).stdout)
                    for _ in range(2))
@@ -286,14 +307,14 @@ def test_other_installations_class_files_are_removed_once_stale(tmp_path, monkey
     other = "spark-4.3.0-0123456789-job-classes.jsa"
     unused = file(other, 31)
     used = file("spark-4.2.0-abcdef0123-job-classes.jsa", 29)
-    left = [file(f"{other}.dump-{dead}", 2), file(f"{other}.dump-{dead}.ready", 2)]
-    fresh = [file(f"{other}.dump-{later}", 0.5), file(f"{other}.dump-{later}.ready", 0.5)]
+    left = file(f"{other}.dump-{dead}", 0.1)
+    fresh = file(f"{other}.dump-{later}", 0.01)
     running = file(f"{used.name}.dump-{live}", 3)
     foreign = file("notes.txt", 365)
     opts = job.jvm_options(mine, quick_start=True)
     assert f"-XX:SharedArchiveFile={mine}" in opts
     assert not unused.exists() and used.exists()
-    assert not any(p.exists() for p in left) and all(p.exists() for p in fresh)
+    assert not left.exists() and fresh.exists()
     assert running.exists() and foreign.exists()
     assert time.time() - mine.stat().st_mtime < 60 and mine.read_bytes() == b"mine"
 
