@@ -211,9 +211,9 @@ class Supervision:
 
     def _start_spark(self) -> None:
         """The Spark session (unless one was given) and the streaming queries of the plan."""
+        from collector.config import cache_dir
         from collector.spark.jvm_metrics import JvmCollector
         from collector.spark.merge import SparkJob
-        from collector.config import cache_dir
         from collector.spark.session import build_session, class_archive_path
         s = self.settings
         if not self._jvm_metrics:

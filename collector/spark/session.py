@@ -89,6 +89,14 @@ def stop_jvm(spark: SparkSession | None, timeout_s: float) -> str:
     proc = getattr(gateway, "proc", None)
     if spark is not None:
         with contextlib.suppress(Exception):  # a dead JVM cannot stop: nothing to stop then
+            sc = spark.sparkContext
+            # the tasks of a cancelled job (an abandoned batch) report their end first: the
+            # context stopped under them logged a stack trace per task; what the JVM logs
+            # as it stops is its teardown, not news (the daemon says how its stop went)
+            settle = time.monotonic() + min(3.0, timeout_s / 3)
+            while sc.statusTracker().getActiveStageIds() and time.monotonic() < settle:
+                time.sleep(0.05)
+            sc.setLogLevel("OFF")
             spark.stop()
     if gateway is not None:
         with contextlib.suppress(Exception):

@@ -106,6 +106,9 @@ def answer_every_shipped_query(proc: subprocess.Popen, port: int, log: Path,
 
     def rows() -> dict | None:
         assert proc.poll() is None, log.read_text()[-4000:]
+        health = httpx.get(f"{base}/healthz", timeout=10).json()
+        # a failed answer batch is never waited out: it says why (a module not installed)
+        assert not health["spark_failures"], health["spark_failures"]
         got = {}
         for name in SHIPPED:
             r = httpx.get(f"{base}/queries/{name}/results", timeout=10)
@@ -115,14 +118,14 @@ def answer_every_shipped_query(proc: subprocess.Popen, port: int, log: Path,
         return got
     try:
         answered = wait_for(rows, timeout, "every shipped query to answer a window")
-    except AssertionError:
+    except AssertionError as e:
         why = ""
         try:
             why = httpx.get(f"{base}/readyz", timeout=10).text
         except httpx.HTTPError:
             pass
-        raise AssertionError(f"no answer from every shipped query; /readyz: {why}; log: "
-                             f"{log.read_text()[-3000:]}") from None
+        raise AssertionError(f"no answer from every shipped query ({e}); /readyz: {why}; "
+                             f"log: {log.read_text()[-3000:]}") from None
     metrics = httpx.get(f"{base}/metrics", timeout=10).text
     daemon = daemon_process(proc)
     stopped = stop(daemon, proc)
