@@ -814,7 +814,7 @@ def _start(collector) -> None:
     start) stops the daemon cleanly once it has started."""
     import signal
 
-    from collector.spark.session import one_line
+    from collector.spark.session import failure_reason, one_line
     asked: list[int] = []
     handlers = {sig: signal.signal(sig, lambda n, _f: asked.append(n))
                 for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -825,7 +825,8 @@ def _start(collector) -> None:
             traceback.print_exc()
         with contextlib.suppress(Exception):
             collector.stop()
-        said = str(e) if isinstance(e, OSError | ValueError) and str(e) else one_line(e)
+        said = str(e) if isinstance(e, OSError | ValueError) and str(e) else \
+            failure_reason(e) or one_line(e)  # Spark that did not start: why, in one line
         raise CliError(f"start-up failed: {said}") from e
     finally:
         for sig, handler in handlers.items():

@@ -1,6 +1,10 @@
-"""``flowsieve prepare``'s kernels: every numba kernel the product runs, compiled into numba's
-cache with every argument-type signature the product calls it with, so that a fresh install's
-first run loads them instead of compiling them (15 s of a first ``replay``).
+"""``flowsieve prepare``, run once at install (``make run``'s install step, the image's build) so
+that a fresh install's first run is as fast as its second: every numba kernel the product runs
+compiled into numba's cache (``compile_kernels``: 15 s of a first ``replay`` were compiling),
+and the JVM's class-data archive made where it can finish (``make_class_archive``: a JVM that
+wrote it at exit took a stop past its deadline).
+
+The kernels: each compiled with every argument-type signature the product calls it with.
 
 numba compiles one overload per signature, on the first call with those types, and a cached one
 loads without compiling. A signature is types only (an array's dtype, dimensions, layout and

@@ -31,7 +31,7 @@ class SparkStub:
     def drain(self, deadline: float) -> bool:
         return True
 
-    def stop(self, deadline: float | None = None) -> None:
+    def stop(self, deadline: float | None = None, abandon_s: float = 5.0) -> None:
         pass
 
 
