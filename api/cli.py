@@ -793,6 +793,7 @@ def cmd_run(args) -> int:
                                                ":jvm" if armed[2] else "")
         crashpoints.watch_checkpoints(settings.checkpoint_dir)
     collector = Collector(settings)
+    logging.getLogger().addFilter(_Py4JRetry(collector))
     host = f"[{settings.api.host}]" if ":" in settings.api.host else settings.api.host
     logging.getLogger("flowsieve").info("starting; the API on http://%s:%d answers once "
                                         "started", host, settings.api.port)
@@ -870,6 +871,22 @@ class _NotPy4J(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
+class _Py4JRetry(logging.Filter):
+    """Drops what Py4J logs on the root logger when a connection to the JVM is lost under a
+    call: always its retry note (INFO, with the lost call's traceback: the retry follows), and
+    everything once the daemon stops (the JVM going away under the calls in flight is the
+    stop itself)."""
+
+    def __init__(self, collector) -> None:
+        super().__init__()
+        self.collector = collector
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if f"{os.sep}py4j{os.sep}" not in record.pathname:
+            return True
+        return record.levelno >= logging.WARNING and self.collector.stop_requested is None
 
 
 class _NotProxyError(logging.Filter):

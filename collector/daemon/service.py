@@ -196,7 +196,9 @@ class Collector(QueryService, Supervision):
         ends (killed at the deadline: never left behind). The deadline counts from
         ``stop_requested`` (the signal) when it is set."""
         s = self.settings
-        start = self.stop_requested or time.monotonic()
+        if self.stop_requested is None:
+            self.stop_requested = time.monotonic()
+        start = self.stop_requested
         # the process exits after this (the API's server, the interpreter's teardown)
         deadline = start + s.shutdown_timeout_s - min(1.0, s.shutdown_timeout_s / 10)
         clean = True

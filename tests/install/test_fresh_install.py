@@ -162,8 +162,11 @@ def check_clean_stop(out: dict, log: Path) -> None:
     assert out["status"] == 0, text[-3000:]
     assert out["stop_s"] <= SHUTDOWN_S, (out["stop_s"], text[-3000:])
     assert not out["left"], out["left"]
-    bad = [ln for ln in text.splitlines() if BAD_LINE.search(ln)]
-    assert not bad, "\n".join(bad[:30])
+    lines = text.splitlines()
+    bad = [k for k, ln in enumerate(lines) if BAD_LINE.search(ln)]
+    # the first bad line with what came before and after it
+    assert not bad, f"{len(bad)} bad lines; from the first:\n" + \
+        "\n".join(lines[max(0, bad[0] - 5):bad[0] + 40])
     assert "stopped in" in text
 
 
