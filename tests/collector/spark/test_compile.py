@@ -1,0 +1,171 @@
+"""The HFTA compiled to Spark's expressions (collector/spark/compile.py) against the Python
+derivation (``derive.answer_locally``, itself checked against dpkt through replay's tests): the
+same answers from the same merged partial rows of real captures, for every aggregate class, and
+a physical plan with no Python node."""
+
+from __future__ import annotations
+
+import ipaddress
+import random
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import functions as F
+
+from capture.fields import IPV4_MAPPED, ip_text
+from capture.pcap import open_capture
+from collector.config import Settings
+from collector.pipeline.engine import Engine
+from collector.pipeline.spool import Spool, schema_for, spark_ddl
+from collector.spark.compile import answer_frame, compiles, join_frame, with_address_text
+from collector.spark.derive import Folder, answer_locally
+from collector.spark.merge import merge_partials
+from planner.plan import build_plan
+from planner.query import parse_queries
+from tests.helpers import capture
+from tests.kernel_workloads import PACKET_QUERIES
+
+pytestmark = pytest.mark.slow
+
+# every aggregate class of the prepare workloads' queries (the enrichment ones need tables:
+# not here), and more: a top-N of address pairs, IPv6 prefixes, names, a HAVING and a two-key
+# ORDER BY, a LEFT JOIN without keys, a join with ORDER BY … LIMIT
+BASE = [q for q in parse_queries(PACKET_QUERIES)
+        if not q.is_selection and q.name not in ("geo", "cities")]
+MORE = """
+-- name: top_pairs
+SELECT time/10 AS t, src_ip, dst_ip, count(*) AS n, sum(wirelen) AS b FROM packets
+GROUP BY time/10, src_ip, dst_ip ORDER BY b DESC LIMIT 3;
+-- name: nets6
+SELECT time/10 AS t, prefix(src_ip, 64) AS net, count(*) AS n FROM packets
+GROUP BY time/10, prefix(src_ip, 64);
+-- name: by_len
+SELECT time/10 AS t, ip_len, count(DISTINCT src_ip) AS srcs, avg(ip_len) AS mean FROM packets
+WHERE protocol = 6 GROUP BY time/10, ip_len;
+-- name: names
+SELECT time/10 AS t, dns_qname, count(*) AS n FROM packets WHERE dst_port = 53
+GROUP BY time/10, dns_qname;
+-- name: ports
+SELECT time/10 AS t, protocol, dst_port, count(*) AS n, min(wirelen) AS lo FROM packets
+GROUP BY time/10, protocol, dst_port HAVING count(*) > 1 ORDER BY n DESC, lo LIMIT 5;
+-- name: resets
+WITH a AS (SELECT time/10 AS t, count(*) AS n FROM packets WHERE protocol = 6 GROUP BY time/10),
+     r AS (SELECT time/10 AS t, count(*) AS n FROM packets WHERE tcp_flags & 4 != 0
+           GROUP BY time/10)
+SELECT a.t AS t, a.n AS tcp, coalesce(r.n, 0) AS rsts FROM a LEFT JOIN r ON a.t = r.t;
+-- name: asym_top
+WITH o AS (SELECT time/10 AS t, src_ip, sum(wirelen) AS bytes, count(*) AS n FROM packets
+           WHERE protocol = 17 GROUP BY time/10, src_ip),
+     i AS (SELECT time/10 AS t, dst_ip, count(*) AS n FROM packets WHERE protocol = 17
+           GROUP BY time/10, dst_ip)
+SELECT o.t AS t, o.src_ip AS host, o.bytes / o.n AS mean, o.n - i.n AS d
+FROM o JOIN i ON i.dst_ip = o.src_ip AND o.t = i.t WHERE o.n >= 2
+ORDER BY mean DESC LIMIT 4;
+"""
+QUERIES = BASE + parse_queries(MORE)
+CAPTURES = ("var-services-std-ports.pcap", "icmp6.pcap", "ipv6-fragmented-dns.pcap",
+            "wikipedia.pcap", "dns_udp.pcap")
+PYTHON_NODES = ("MapInArrow", "ArrowEvalPython", "BatchEvalPython", "FlatMapGroupsIn",
+                "PythonUDF", "MapInPandas")
+
+
+@pytest.fixture(scope="module")
+def merged(spark, tmp_path_factory):
+    """The captures' partial rows spooled by the LFTA and merged by Spark (in batch), per
+    folder: the DataFrame, the same rows in Arrow, the folder's queries by slot and its node
+    labels."""
+    tmp = tmp_path_factory.mktemp("compile")
+    plan = build_plan(QUERIES, **Settings(initial_queries=None).plan_options())
+    spool = Spool(tmp / "spool")
+    for name in CAPTURES:
+        engine = Engine(spool, "packets", watermark_delay_s=1)
+        engine.set_plan(plan)
+        for raw in open_capture(capture(name), batch_size=256):
+            engine.process(raw)
+        engine.finish()
+    out = []
+    for name in plan.folders("packets"):
+        folder = Folder("packets", name, tuple(sorted(
+            ((qp.slot, qp.query) for qp in plan.queries if qp.query.folder == name),
+            key=lambda sq: sq[0])))
+        df = spark.read.schema(spark_ddl(schema_for("packets", name))).parquet(
+            str(tmp / "spool" / "packets" / name))
+        rows = merge_partials(df, "packets", None).where(F.col("node") != "").cache()
+        labels = sorted(r["node"] for r in rows.select("node").distinct().collect())
+        out.append((rows, rows.toArrow(), folder, labels))
+    return out
+
+
+def _rows(table: pa.Table) -> list[tuple]:
+    """An answer's rows as sortable tuples (floats rounded: Spark and Arrow divide alike,
+    but a sum may come in another order)."""
+    out = []
+    for r in table.to_pylist():
+        out.append(tuple((k, round(v, 9) if isinstance(v, float) else v)
+                         for k, v in r.items()))
+    return sorted(out, key=repr)
+
+
+def compiled(rows, folder: Folder, labels: list[str]) -> dict:
+    """Each answer of the folder (a joined query's, not its parts') as Spark computes it."""
+    slots = {q.name: s for s, q in folder.slots}
+    out = {}
+    for q in folder.answers:
+        assert compiles(q), q.name
+        out[q.name] = join_frame(rows, q, slots, labels) if q.join is not None else \
+            answer_frame(rows, q, slots[q.name], labels)
+    return out
+
+
+def test_every_aggregate_class_equals_the_python_derivation(merged):
+    names = set()
+    for rows, table, folder, labels in merged:
+        want = answer_locally(table, folder)
+        for name, frame in compiled(rows, folder, labels).items():
+            got = frame.toArrow()
+            expected = want.get(name)
+            assert expected is not None and expected.num_rows, f"{name}: no rows to compare"
+            assert [(f.name, f.type) for f in got.schema] == \
+                [(f.name, f.type) for f in expected.schema], name
+            assert _rows(got) == _rows(expected), name
+            names.add(name)
+    assert names == {q.name for q in QUERIES}
+
+
+def test_the_answer_plan_holds_no_python_node(merged):
+    for rows, _, folder, labels in merged:
+        for name, frame in compiled(rows, folder, labels).items():
+            plan = frame._jdf.queryExecution().executedPlan().toString()
+            assert not [n for n in PYTHON_NODES if n in plan], (name, plan)
+
+
+def _drawn_addresses(n: int) -> list[bytes]:
+    """IPv4-mapped addresses and IPv6 ones with zero runs of every length and place (ties of
+    equal runs included), drawn with a fixed seed."""
+    rng = random.Random(5952)
+    out = [IPV4_MAPPED + bytes(4), IPV4_MAPPED + b"\xff" * 4, bytes(16), bytes(15) + b"\x01",
+           b"\x20\x01\x0d\xb8" + bytes(12), ipaddress.IPv6Address("1:0:0:2:0:0:3:4").packed,
+           ipaddress.IPv6Address("1:0:2:0:3:0:4:0").packed,
+           ipaddress.IPv6Address("::ffff:0:1.2.3.4").packed]
+    while len(out) < n:
+        if rng.random() < 0.3:
+            out.append(IPV4_MAPPED + bytes(rng.randrange(256) for _ in range(4)))
+            continue
+        groups = [0 if rng.random() < 0.5 else rng.choice((1, 0xF, 0xFF0, 0xFFFF,
+                                                              rng.randrange(65536)))
+                  for _ in range(8)]
+        out.append(b"".join(g.to_bytes(2, "big") for g in groups))
+    return out
+
+
+def test_address_text_equals_python_s_ipaddress(spark):
+    addresses = _drawn_addresses(3000)
+    halves = [(int.from_bytes(a[:8], "big", signed=True), int.from_bytes(a[8:], "big",
+                                                                       signed=True))
+              for a in addresses]
+    df = spark.createDataFrame([(i, hi, lo) for i, (hi, lo) in enumerate(halves)],
+                               "i bigint, hi bigint, lo bigint")
+    got = {r["i"]: r["t"] for r in with_address_text(df, "t", "hi", "lo")
+           .select("i", "t").toArrow().to_pylist()}
+    for i, a in enumerate(addresses):
+        assert got[i] == ip_text(a), (a.hex(), got[i], ip_text(a))
