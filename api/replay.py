@@ -305,7 +305,8 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     slots = {qp.slot: qp.query for qp in plan.queries}
     job = SparkJob(spark, work / "spool", work / "results", work / "checkpoints",
                    lambda: slots, watermark_delay_s, metrics,
-                   spool_format=settings.spool.format)
+                   spool_format=settings.spool.format,
+                   answer_engine=settings.spark.answer_engine)
     job.timings.update(timings)
     if settings.spool.format == "parquet":
         job.run_batch(folders)

@@ -136,6 +136,10 @@ class SparkConfig(BaseModel):
     restart_backoff_s: float = Field(30.0, gt=0, description="a failed streaming query "
                                      "restarts after this long, doubled while it keeps failing "
                                      "(at most 10 minutes)")
+    answer_engine: Literal["python", "sql"] = Field(
+        "python", description="who computes the answers on Spark's executors: python (Python "
+        "tasks of flowsieve's); sql (Spark's own engine, from the queries compiled to Spark "
+        "expressions: no Python on the executors; selections stay Python tasks)")
     extra: dict[str, str] = Field(default_factory=dict, description="any other spark.* setting")
     checkpoint_dir: Path | None = Field(None, description="the streaming queries' checkpoints "
                                         "(default var_dir/checkpoints); on a cluster, shared "

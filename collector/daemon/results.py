@@ -15,6 +15,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from collector.spark.answers import answer_schema
+from collector.spark.answers import answer_schema, spark_type
 from collector.spark.write import QUERY
 from planner.ir import Query
 
@@ -48,12 +49,14 @@ def part_files(root: str | os.PathLike, name: str) -> list[Path]:
 @dataclass(frozen=True)
 class Piece:
     """A row group of a part file: one window of an aggregate query (its start in µs), or
-    rows of a selection (its first tuple's time)."""
+    rows of a selection (its first tuple's time). ``shared``: the row group holds other
+    windows too (Spark's writer cuts row groups by size), whose rows are left out on read."""
 
     path: Path
     group: int
     start: int
     rows: int
+    shared: bool = False
 
 
 def pieces(root: str | os.PathLike, query: Query) -> list[Piece]:
@@ -64,25 +67,48 @@ def pieces(root: str | os.PathLike, query: Query) -> list[Piece]:
 
 
 def file_pieces(path: Path, query: Query) -> list[Piece]:
-    """The row groups of one part file, from its footer ([] if it is gone or torn)."""
+    """The row groups of one part file, from its footer ([] if it is gone or torn); a row
+    group of several windows is a piece per window (its ``window_start`` column read once
+    per file version)."""
     key = "_ts" if query.is_selection else "window_start"
     try:
-        meta = pq.read_metadata(path)
-    except (FileNotFoundError, OSError, pa.ArrowInvalid):  # replaced while read
+        st = path.stat()
+    except FileNotFoundError:
         return []
+    return list(_file_pieces(path, key, st.st_mtime_ns, st.st_size))
+
+
+@lru_cache(maxsize=4096)
+def _file_pieces(path: Path, key: str, _mtime_ns: int, _size: int) -> tuple[Piece, ...]:
     try:
-        col = meta.schema.names.index(key)
-    except ValueError:
-        return []
-    out = []
-    for i in range(meta.num_row_groups):
-        rg = meta.row_group(i)
-        if not rg.num_rows:
-            continue
-        stats = rg.column(col).statistics
-        start = _micros(stats.min) if stats is not None and stats.has_min_max else 0
-        out.append(Piece(path, i, start, rg.num_rows))
-    return out
+        f = pq.ParquetFile(path)
+    except (FileNotFoundError, OSError, pa.ArrowInvalid):  # replaced while read
+        return ()
+    with f:
+        meta = f.metadata
+        try:
+            col = meta.schema.names.index(key)
+        except ValueError:
+            return ()
+        out = []
+        for i in range(meta.num_row_groups):
+            rg = meta.row_group(i)
+            if not rg.num_rows:
+                continue
+            stats = rg.column(col).statistics
+            known = stats is not None and stats.has_min_max
+            lo = _micros(stats.min) if known else 0
+            if key == "_ts" or (known and _micros(stats.max) == lo):
+                out.append(Piece(path, i, lo, rg.num_rows))
+                continue
+            try:
+                ws = pc.cast(f.read_row_group(i, columns=[key]).column(0), pa.int64())
+            except (OSError, pa.ArrowInvalid):
+                return ()
+            counts = pc.value_counts(ws)
+            for c in counts.to_pylist():
+                out.append(Piece(path, i, int(c["values"]), int(c["counts"]), shared=True))
+        return tuple(out)
 
 
 def _micros(v) -> int:
@@ -104,7 +130,11 @@ def read_pieces(query: Query, chosen: list[Piece]) -> Iterator[pa.Table]:
         for p in chosen:
             try:
                 f = files.get(p.path) or files.setdefault(p.path, pq.ParquetFile(p.path))
-                yield project(query, f.read_row_group(p.group))
+                table = f.read_row_group(p.group)
+                if p.shared:
+                    ws = pc.cast(table.column("window_start"), pa.int64())
+                    table = table.filter(pc.equal(ws, p.start))
+                yield project(query, table)
             except (FileNotFoundError, OSError, pa.ArrowInvalid):  # replaced while read
                 continue
     finally:
@@ -116,9 +146,17 @@ def project(query: Query, table: pa.Table) -> pa.Table:
     """Answer rows as written in the query's own columns (``answer_schema``; a column it lacks,
     written before the query had it, reads as NULL)."""
     want = answer_schema(query)
-    return pa.Table.from_arrays([pc.cast(table.column(f.name), f.type) if f.name in
-                                 table.column_names else pa.nulls(table.num_rows, f.type)
-                                 for f in want], schema=want)
+    names = set(table.column_names)
+
+    def column(f: pa.Field):
+        # Spark's writer: a name another query of the folder has with another type is
+        # written with this query's type after it (derive.compiled_answers)
+        typed = f"{f.name}__{spark_type(f.type)}"
+        name = typed if typed in names else f.name if f.name in names else None
+        if name is None:
+            return pa.nulls(table.num_rows, f.type)
+        return pc.cast(table.column(name), f.type)
+    return pa.Table.from_arrays([column(f) for f in want], schema=want)
 
 
 def _latest(query: Query, found: list[Piece], last_windows: int | None) -> list[Piece]:

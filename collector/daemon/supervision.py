@@ -226,7 +226,8 @@ class Supervision:
             if s.spark.class_archive else None)
         self.job = SparkJob(self.spark, s.spool_dir, s.results_dir, s.checkpoint_dir,
                             self.slot_queries, s.spark.watermark_delay_s,
-                            self.metrics, s.spark.trigger_s, s.spool.format)
+                            self.metrics, s.spark.trigger_s, s.spool.format,
+                            s.spark.answer_engine)
         self.job.ensure(self.folders())
 
     def _jvm_gone(self) -> bool:

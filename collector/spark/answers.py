@@ -116,6 +116,14 @@ def prefix_strings(arr: pa.Array, bits: int) -> pa.Array:
                       pc.binary_join_element_wise(text, f"/{min(bits, 32)}", ""))
 
 
+def spark_type(dt: pa.DataType) -> str:
+    """The Spark SQL type of an Arrow type the HFTA uses."""
+    if pa.types.is_timestamp(dt):
+        return "timestamp"
+    return {pa.int32(): "int", pa.int64(): "bigint", pa.binary(): "binary",
+            pa.string(): "string", pa.float64(): "double", pa.bool_(): "boolean"}[dt]
+
+
 def finalize(query: Query, merged: pa.Table) -> pa.Table:
     """Turn merged rows of one query (window_start, keys, cnt, sum_/min_/max_) into its
     answer: the query's output columns plus ``window_start``. Rows of a finer node (more keys

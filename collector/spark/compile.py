@@ -165,8 +165,20 @@ def node_rows(merged: DataFrame, query: Query, slot: int, labels: Iterable[str])
         if query.approx:
             select.append(F.col("hll"))
         parts.append(merged.where((F.col("node") == label) & test).select(*select))
-    if not parts:
-        raise NotCompiled(f"query {query.name}: no node of the plan carries its slot {slot}")
+    if not parts:  # no row of these layouts holds the slot: no row, in the same columns
+        cat = fields(query.stream)
+        select = [F.col("window_start")]
+        for i, k in enumerate(keys):
+            kind = cat[key_field(k)[0]].kind
+            select += [F.lit(None).cast("bigint").alias(f"k{i}_{j}") for j in range(2)] \
+                if kind == IP else [F.lit(None).cast("string" if kind == STRING else "bigint")
+                                    .alias(f"k{i}_0")]
+        select.append(F.col("cnt"))
+        for m in query.measures:
+            select += [F.col(f"{a}_{m}") for a in ("sum", "min", "max")]
+        if query.approx:
+            select.append(F.col("hll"))
+        return merged.where(F.lit(False)).select(*select)
     out = parts[0]
     for p in parts[1:]:
         out = out.unionByName(p)
@@ -248,16 +260,18 @@ def answer_frame(merged: DataFrame, query: Query, slot: int, labels: Iterable[st
     return _finished(out, query)
 
 
+RANK = "_rank"  # a row's place in its window, in the query's order (ORDER BY queries)
+
+
 def _finished(frame: DataFrame, query: Query) -> DataFrame:
     """An answer's outputs in ``answers.answer_schema``'s columns and types (``window_end``
-    added), LIMIT per window applied."""
-    from collector.spark.answers import answer_schema
-    from collector.spark.derive import spark_type
+    added); a query with ORDER BY also has ``RANK``, LIMIT per window applied."""
+    from collector.spark.answers import answer_schema, spark_type
     frame = frame.withColumn("window_end", F.col("window_start") +
                              F.expr(f"INTERVAL {query.period} SECONDS"))
     out = frame.select(*(F.col(f"`{f.name}`").cast(spark_type(f.type)).alias(f.name)
                          for f in answer_schema(query)))
-    return _limited(out, query) if query.limit is not None else out
+    return _ranked(out, query) if query.order or query.limit is not None else out
 
 
 _ARITH = {exp.Add: "__add__", exp.Sub: "__sub__", exp.Mul: "__mul__"}
@@ -341,8 +355,10 @@ def order_columns(query: Query) -> list[Column]:
     return out
 
 
-def _limited(frame: DataFrame, query: Query) -> DataFrame:
-    """The first ``query.limit`` rows of each window in the query's order."""
+def _ranked(frame: DataFrame, query: Query) -> DataFrame:
+    """Each row's ``RANK`` in its window in the query's order; with LIMIT, the first
+    ``query.limit`` rows of each window only."""
     rank = F.row_number().over(Window.partitionBy("window_start")
                                .orderBy(*order_columns(query)))
-    return frame.withColumn("_rank", rank).where(F.col("_rank") <= query.limit).drop("_rank")
+    out = frame.withColumn(RANK, rank)
+    return out.where(F.col(RANK) <= query.limit) if query.limit is not None else out

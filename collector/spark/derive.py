@@ -16,7 +16,10 @@ all the folder's queries.
    (a batch Spark runs again after a crash) replaces its parts. What returns to Spark is a row
    per part written (query, windows, rows), summed per query for the driver's metrics.
 
-The driver plans this; no row of the answers passes through it.
+The driver plans this; no row of the answers passes through it. With
+``spark.answer_engine: sql`` (``compiled_answers``) the same answers come from Spark's own
+engine and writer instead: the queries compiled to Spark expressions (``compile.py``), no
+Python process on the executors (selection folders keep their Python task).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pyspark.sql import DataFrame
 
 from capture.enrich.dictionary import dictionary
 from capture.fields import IP, SKETCH, TEXT_FIELDS, fields, key_field, measures
+from collector.spark.answers import spark_type
 from collector.spark.write import QUERY, PartWriter
 from planner.ir import Query
 
@@ -40,14 +44,6 @@ TS_US = pa.timestamp("us", tz="UTC")
 WRITTEN = pa.schema([pa.field(QUERY, pa.string()), pa.field("part", pa.string()),
                      pa.field("windows", pa.int64()), pa.field("newest", pa.int64()),
                      pa.field("rows", pa.int64())])
-
-
-def spark_type(dt: pa.DataType) -> str:
-    """The Spark SQL type of an Arrow type the HFTA uses."""
-    if pa.types.is_timestamp(dt):
-        return "timestamp"
-    return {pa.int32(): "int", pa.int64(): "bigint", pa.binary(): "binary",
-            pa.string(): "string", pa.float64(): "double", pa.bool_(): "boolean"}[dt]
 
 
 def ddl(schema: pa.Schema) -> str:
@@ -375,6 +371,101 @@ def answers(rows: DataFrame, folder: Folder, root: str, job: str, partitions: in
     return written.groupBy(QUERY).agg(F.sum("windows").alias("windows"),
                                       F.sum("rows").alias("rows"),
                                       F.max("newest").alias("newest"))
+
+
+# a row group of Spark's answer parts: whoever reads an answer back holds one at a time (a
+# window of 4M rows read with 1M-row groups peaked at 1.1 GiB in the Python driver)
+ANSWER_GROUP_ROWS = 1 << 18
+ANSWER_GROUP_BYTES = 64 << 20
+
+
+def compiled(folder: Folder) -> bool:
+    """Whether Spark's engine answers every query of ``folder`` (``compiled_answers``): not
+    a selection folder, and no output named as the job's own columns."""
+    from collector.spark.answers import answer_schema
+    from collector.spark.compile import RANK, compiles
+    return folder.folder != "select" and all(
+        compiles(q) and not {QUERY, RANK} & set(answer_schema(q).names)
+        for q in folder.answers)
+
+
+def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, partitions: int,
+                     reuse: bool = True) -> list[dict]:
+    """The answer job of ``answers`` with every answer computed and written by Spark's engine
+    (``compile.py``, Spark's Parquet writer): no Python process on the executors. The queries'
+    answers go in one job, each query's rows to one writer task (its part is one file),
+    a window's rows in the query's order, then ``write.promote`` moves the parts into place.
+    What it wrote, a row per query (the queries' observed metrics: rows, windows, newest
+    window start). A column of a name that another query of the folder has with another
+    type is written as ``<name>__<type>`` (``results.project`` reads it back). ``reuse``:
+    the rows are a streaming batch's merge, kept (persisted) for the two jobs that read them
+    (the node layouts they hold, then the answers), instead of merged twice; a batch read of
+    the spool's files is read twice."""
+    from functools import reduce
+
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    from collector.spark.compile import RANK, answer_frame, join_frame
+    from collector.spark.write import promote, stage_dir
+    if reuse:
+        rows = rows.persist()
+    try:
+        labels = [r["node"] for r in rows.select("node").distinct().collect() if r["node"]]
+        texts = dictionary_frame(rows.sparkSession, folder)
+        slots = {q.name: s for s, q in folder.slots}
+        frames, seen, observed = [], {}, {}
+        for i, q in enumerate(folder.answers):
+            frame = join_frame(rows, q, slots, labels, texts) if q.join is not None else \
+                answer_frame(rows, q, slots[q.name], labels, texts)
+            obs = Observation(f"flowsieve_{folder.stream}_{folder.folder}_{job}_{i}")
+            frame = frame.observe(obs, F.count(F.lit(1)).alias("rows"),
+                                  F.max("window_start").alias("newest"),
+                                  F.approx_count_distinct("window_start", 0.01).alias("windows"))
+            observed[q.name] = obs
+            renamed = []
+            for name, kind in frame.dtypes:
+                if seen.setdefault(name, kind) != kind:
+                    name_as = f"{name}__{kind}"
+                    renamed.append(F.col(f"`{name}`").alias(name_as))
+                else:
+                    renamed.append(F.col(f"`{name}`"))
+            if RANK not in frame.columns:
+                renamed.append(F.lit(None).cast("int").alias(RANK))
+            frames.append(frame.select(*renamed, F.lit(q.name).alias(QUERY)))
+        union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
+        out = (union.repartition(max(1, min(len(frames), partitions)), QUERY)
+               .sortWithinPartitions(QUERY, "window_start", RANK).drop(RANK))
+        rows.sparkSession.sparkContext.setJobDescription(
+            f"flowsieve answers {folder.stream}/{folder.folder} (Spark SQL)")
+        (out.write.mode("overwrite").partitionBy(QUERY)
+         .option("parquet.block.size", str(ANSWER_GROUP_BYTES))
+         .option("parquet.block.row.count.limit", str(ANSWER_GROUP_ROWS))
+         .parquet(str(stage_dir(root, job))))
+    finally:
+        if reuse:
+            rows.unpersist()
+    promote(root, job, part_name(job))
+    written = []
+    for name, obs in observed.items():
+        m = obs.get
+        newest = m.get("newest")
+        written.append({QUERY: name, "rows": int(m.get("rows") or 0),
+                        "windows": int(m.get("windows") or 0),
+                        "newest": int(newest.timestamp()) if newest is not None else 0})
+    return written
+
+
+def dictionary_frame(spark, folder: Folder) -> DataFrame | None:
+    """The (code, text) pairs the probes published, read by Spark (None: no file yet)."""
+    from pathlib import Path
+
+    from capture.enrich.dictionary import SCHEMA as TEXTS
+    d = Path(folder.dictionary) if folder.dictionary else None
+    if d is None or not any(p.suffix == ".parquet" and not p.name.startswith(".")
+                            for p in d.glob("*.parquet")):
+        return None
+    return spark.read.schema(ddl(TEXTS)).parquet(str(d))
 
 
 def answer_locally(rows: pa.Table, folder: Folder) -> dict[str, pa.Table]:

@@ -24,7 +24,7 @@ from capture.enrich.dictionary import folder_of
 from capture.fields import measures
 from collector.metrics import Metrics
 from collector.pipeline.spool import schema_for, spark_ddl
-from collector.spark.derive import Folder, answers
+from collector.spark.derive import Folder, answers, compiled, compiled_answers
 from collector.spark.session import one_line
 from collector.spark.write import clear_leftovers, sweep_results
 from planner.ir import Query
@@ -76,7 +76,8 @@ class SparkJob:
     def __init__(self, spark: SparkSession, spool_root: str | os.PathLike,
                  results_root: str | os.PathLike, checkpoint_root: str | os.PathLike,
                  queries: Queries, watermark_delay_s: int = 1, metrics: Metrics | None = None,
-                 trigger_s: float = 2.0, spool_format: str = "parquet"):
+                 trigger_s: float = 2.0, spool_format: str = "parquet",
+                 answer_engine: str = "python"):
         self.spark = spark
         self.spool_root = Path(spool_root)
         self.results_root = str(results_root)
@@ -86,6 +87,7 @@ class SparkJob:
         self.metrics = metrics or Metrics()
         self.trigger_s = trigger_s
         self.spool_format = spool_format
+        self.answer_engine = answer_engine  # "sql": Spark's engine answers (compile.py)
         self.queries: dict[tuple[str, str], object] = {}
         self._lock = threading.Lock()
         self.errors: list[str] = []  # the latest failures, newest last
@@ -106,7 +108,8 @@ class SparkJob:
             (s, q) for s, q in live.items() if q.stream == stream and q.folder == folder)),
             str(folder_of(self.spool_root)))
 
-    def _answer(self, rows: DataFrame, stream: str, folder: str, job: str) -> None:
+    def _answer(self, rows: DataFrame, stream: str, folder: str, job: str,
+                streamed: bool = True) -> None:
         """One Spark job: the answers of ``rows`` (partial rows, or a selection's tuples)
         derived and written by the executors, as each query's part ``part-<job>``; the metrics
         of what they wrote (a row per query, the only rows the driver reads)."""
@@ -118,7 +121,11 @@ class SparkJob:
         tasks = max(1, min(len(spec.answers),
                            int(self.spark.conf.get("spark.sql.shuffle.partitions"))))
         try:
-            written = answers(rows, spec, self.results_root, job, tasks).collect()
+            if self.answer_engine == "sql" and compiled(spec):
+                written = compiled_answers(rows, spec, self.results_root, job, tasks,
+                                           reuse=streamed)
+            else:
+                written = answers(rows, spec, self.results_root, job, tasks).collect()
         finally:
             sc.setJobDescription(None)
         now = time.time()
@@ -245,7 +252,7 @@ class SparkJob:
             t0 = time.perf_counter()
             rows = (self.spark.read.schema(spark_ddl(schema_for(stream, folder)))
                     .parquet(str(path)))
-            self._answer(rows, stream, folder, "replay")
+            self._answer(rows, stream, folder, "replay", streamed=False)
             self.timings["answers_s"] = self.timings.get("answers_s", 0.0) + \
                 time.perf_counter() - t0
             self.metrics.spark_batches.labels(stream, folder).inc()

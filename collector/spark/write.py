@@ -72,13 +72,56 @@ class PartWriter:
             self.tmp.unlink(missing_ok=True)
 
 
+def stage_dir(root: str | os.PathLike, job: str) -> Path:
+    """Where Spark's writer writes an answer job's parts before ``promote`` moves them in
+    (``_``: hidden from readers of the results, Spark's included)."""
+    return Path(root) / "_jobs" / job
+
+
+def promote(root: str | os.PathLike, job: str, name: str) -> dict[str, Path]:
+    """Move what Spark's writer wrote for an answer job (``stage_dir``, a ``query=<name>``
+    folder per query, one file each) into the results as each query's part ``name``: each
+    file renamed over the part of an earlier run of the same job (a batch Spark runs again
+    after a crash), on disk with its name before the next; then the staging folder goes. The
+    parts by query."""
+    stage = stage_dir(root, job)
+    out: dict[str, Path] = {}
+    for qdir in sorted(stage.glob(f"{QUERY}=*")):
+        files = sorted(f for f in qdir.iterdir() if f.name.endswith(".parquet")
+                       and not f.name.startswith((".", "_")))
+        if not files:
+            continue
+        if len(files) > 1:
+            raise RuntimeError(f"answer job {job}: {len(files)} files for {qdir.name}, "
+                               "one expected")
+        dest = Path(root) / qdir.name / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        sync_file(files[0])
+        reached("results.write")
+        os.replace(files[0], dest)
+        sync_dir(dest.parent)
+        reached("results.rename")
+        out[qdir.name.partition("=")[2]] = dest
+    shutil.rmtree(stage, ignore_errors=True)
+    return out
+
+
 STALE_S = 3600.0  # a hidden part file this old is a dead task's
 
 
 def sweep_results(root: str | os.PathLike, older_than_s: float = STALE_S) -> int:
     """Remove the hidden files of answer tasks that died while writing (killed, out of memory)
     and are this old; the number removed."""
-    return remove_older(Path(root).glob(f"{QUERY}=*/.part-*.tmp"), older_than_s)
+    removed = remove_older(Path(root).glob(f"{QUERY}=*/.part-*.tmp"), older_than_s)
+    now = time.time()
+    for stage in Path(root).glob("_jobs/*"):  # a job whose batch never ran again
+        try:
+            if now - stage.stat().st_mtime > older_than_s:
+                shutil.rmtree(stage, ignore_errors=True)
+                removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 def remove_older(paths, older_than_s: float, now: float | None = None) -> int:

@@ -188,17 +188,19 @@ def test_spark_merges_the_sketches_python_writes(spark):
     assert unions["b"].get_estimate() == pytest.approx(40, abs=0.5)
 
 
-def test_a_batch_run_again_replaces_its_windows_answers(spark, tmp_path):
+@pytest.mark.parametrize("engine", ["python", "sql"])
+def test_a_batch_run_again_replaces_its_windows_answers(spark, tmp_path, engine):
     """Spark runs a batch again after a restart (the batch id its offset log holds, the same
     windows): its job writes each query's part under the same name, so the second run
-    replaces the first and the answers still equal dpkt's, no row twice."""
+    replaces the first and the answers still equal dpkt's, no row twice (Python's answer
+    tasks, or Spark's engine and writer)."""
     from collector.spark.merge import merge_partials
     path, recs = spread(tmp_path, "ok.pcap", 0.5)
     plan, spool = spooled(tmp_path, path)
     slots = {qp.slot: qp.query for qp in plan.queries}
     results = tmp_path / "results"
     job = SparkJob(spark, tmp_path / "spool", results, tmp_path / "ck", lambda: slots, 1,
-                   Metrics())
+                   Metrics(), answer_engine=engine)
     merged = merge_partials(spark.read.parquet(str(spool.folder("packets", "60"))), "packets",
                             None)
     job._answer(merged, "packets", "60", "run-00000003")
@@ -208,6 +210,29 @@ def test_a_batch_run_again_replaces_its_windows_answers(spark, tmp_path):
     assert {q.name: t.num_rows for q, t in pairs} == first
     assert answers_of(pairs) == reference(recs)
     assert sum(len(v) for v in reference(recs).values()) == sum(first.values())
+    assert not list(results.glob("_jobs/*")), "the staging folder is left"
+
+
+def test_the_streaming_job_answers_in_spark_s_engine_as_dpkt_does(spark, tmp_path):
+    """``spark.answer_engine: sql``: the daemon's streaming query (foreachBatch) answers
+    with Spark's engine and writer, each window once, equal to dpkt's; the parts are Spark's
+    Parquet files and the metrics count what they hold."""
+    import pyarrow.parquet as pq
+    path, recs = spread(tmp_path, "ok.pcap", 0.5)
+    plan, _ = spooled(tmp_path, path)
+    slots = {qp.slot: qp.query for qp in plan.queries}
+    metrics = Metrics()
+    job = SparkJob(spark, tmp_path / "spool", tmp_path / "results", tmp_path / "ck",
+                   lambda: slots, 1, metrics, answer_engine="sql")
+    job.run_available_now([(s, f) for s in plan.streams() for f in plan.folders(s)])
+    pairs = [(qp.query, read_results(tmp_path / "results", qp.query)) for qp in plan.queries]
+    assert answers_of(pairs) == reference(recs)
+    parts = list((tmp_path / "results").glob("query=*/part-*.parquet"))
+    assert parts and all(b"org.apache.spark.version" in pq.read_metadata(f).metadata
+                         for f in parts)
+    text = generate_latest(metrics.registry).decode()
+    for q, t in pairs:
+        assert metric(text, "flowsieve_query_result_rows_total", f'query="{q.name}"') == t.num_rows
 
 
 def test_the_spool_reader_takes_files_in_any_order(tmp_path):
