@@ -30,7 +30,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from sqlglot import exp
 
-from capture.fields import CODE, INT32, IP, SKETCH, STRING, TEXT_FIELDS, fields, key_field
+from capture.fields import CODE, INT32, INT64, IP, SKETCH, STRING, TEXT_FIELDS, fields, key_field
 from collector.keys import KeyLayout
 from planner.ir import Query
 
@@ -49,7 +49,7 @@ def compiles(query: Query) -> bool:
     if query.join is not None:
         return all(compiles(p) for p in query.join.parts)
     cat = fields(query.stream)
-    return all(cat[key_field(k)[0]].kind in (IP, STRING, CODE, INT32, "int64")
+    return all(cat[key_field(k)[0]].kind in (IP, STRING, CODE, INT32, INT64)
                for k in query.keys)
 
 

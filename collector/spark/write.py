@@ -112,27 +112,23 @@ STALE_S = 3600.0  # a hidden part file this old is a dead task's
 def sweep_results(root: str | os.PathLike, older_than_s: float = STALE_S) -> int:
     """Remove the hidden files of answer tasks that died while writing (killed, out of memory)
     and are this old; the number removed."""
-    removed = remove_older(Path(root).glob(f"{QUERY}=*/.part-*.tmp"), older_than_s)
-    now = time.time()
-    for stage in Path(root).glob("_jobs/*"):  # a job whose batch never ran again
-        try:
-            if now - stage.stat().st_mtime > older_than_s:
-                shutil.rmtree(stage, ignore_errors=True)
-                removed += 1
-        except FileNotFoundError:
-            pass
-    return removed
+    # and the staging folders of Spark's writer whose batch never ran again
+    return remove_older(Path(root).glob(f"{QUERY}=*/.part-*.tmp"), older_than_s) + \
+        remove_older(Path(root).glob("_jobs/*"), older_than_s)
 
 
 def remove_older(paths, older_than_s: float, now: float | None = None) -> int:
-    """Remove those of ``paths`` last changed more than ``older_than_s`` ago; how many (one
-    removed meanwhile by another is not counted)."""
+    """Remove those of ``paths`` (files, or folders with what they hold) last changed more
+    than ``older_than_s`` ago; how many (one removed meanwhile by another is not counted)."""
     now = time.time() if now is None else now
     removed = 0
     for path in paths:
         try:
             if now - path.stat().st_mtime > older_than_s:
-                path.unlink()
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
                 removed += 1
         except FileNotFoundError:
             pass

@@ -389,3 +389,22 @@ def test_rows_that_come_after_their_window_closed_are_counted(spark, tmp_path):
     behind = spool_rows(path, "second")
     job.run_available_now([("packets", "60")])
     assert 0 < late() <= behind
+
+
+def test_a_dead_answer_job_s_leftovers_are_swept_once_stale(tmp_path):
+    """What an answer job left when it died (a Python task's hidden part, a staging folder of
+    Spark's writer whose batch never ran again) goes once an hour old; a job's fresh staging
+    folder (its batch may be running) stays."""
+    from collector.spark.write import STALE_S, stage_dir, sweep_results
+    old_part = tmp_path / "query=q" / ".part-run-1.parquet.abc.tmp"
+    old_part.parent.mkdir()
+    old_part.write_bytes(b"x")
+    old_stage, new_stage = stage_dir(tmp_path, "run-1"), stage_dir(tmp_path, "run-2")
+    for d in (old_stage, new_stage):
+        (d / "query=q").mkdir(parents=True)
+        (d / "query=q" / "part-0.parquet").write_bytes(b"x")
+    past = time.time() - STALE_S - 60
+    for p in (old_part, old_stage):
+        os.utime(p, (past, past))
+    assert sweep_results(tmp_path) == 2
+    assert not old_part.exists() and not old_stage.exists() and new_stage.exists()
