@@ -24,7 +24,8 @@ For an aggregate query at slot ``s`` the answer is:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
+from functools import reduce
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -96,7 +97,8 @@ def _v6_plain(hi: Column, lo: Column) -> Column:
     """The eight groups of an address in hex, uncompressed."""
     groups = [F.shiftrightunsigned(half, 48 - 16 * j).bitwiseAND(F.lit(0xFFFF))
               for half in (hi, lo) for j in range(4)]
-    return F.format_string(":".join(["%x"] * 8), *groups)
+    # hex() and concat_ws, not format_string: java.util.Formatter costs a microsecond a call
+    return F.concat_ws(":", *(F.lower(F.hex(g)) for g in groups))
 
 
 def _v6_compressed(padded: Column) -> Column:
@@ -122,8 +124,8 @@ def with_address_text(frame: DataFrame, column: str, hi: str, lo: str,
     outgrew the JVM's method size: no code generation)."""
     h, w = F.col(hi), F.col(lo)
     mapped = (h == 0) & (F.shiftright(w, 32) == 0xFFFF)
-    quad = F.format_string("%d.%d.%d.%d", *(F.shiftright(w, s).bitwiseAND(F.lit(255))
-                                            for s in (24, 16, 8, 0)))
+    quad = F.concat_ws(".", *(F.shiftright(w, s).bitwiseAND(F.lit(255)).cast("string")
+                              for s in (24, 16, 8, 0)))
     pad = f"_{column}_padded"
     frame = frame.withColumn(pad, F.when(h.isNotNull() & ~mapped, F.concat(
         F.lit(":"), _v6_plain(h, w), F.lit(":"))))
@@ -190,12 +192,45 @@ def _key_parts(query: Query, i: int, key: str) -> list[str]:
     return [f"k{i}_0", f"k{i}_1"] if kind == IP else [f"k{i}_0"]
 
 
+def _output(query: Query, o, parts: dict[str, list[Column]], epoch: Column
+            ) -> tuple[str, Column | tuple[Column, Column]]:
+    """An output over rolled-up rows (``cnt``, ``sum_``/``min_``/``max_``, ``distinct_``,
+    ``approx_``; a key's ``parts``): ("value", its column), ("address", its 64-bit halves, to
+    be written as text) or ("code", a text code, to be looked up in the dictionary)."""
+    if o.kind == "bucket":
+        return "value", F.floor(epoch / query.period).cast("bigint")
+    if o.kind == "key":
+        base, _ = key_field(o.field)
+        f, p = fields(query.stream)[base], parts[o.field]
+        if f.kind == IP:
+            return "address", (p[0], p[1])
+        if f.kind == CODE and base in TEXT_FIELDS:
+            return "code", p[0]
+        if f.kind == CODE:
+            return "value", letters_text(p[0])
+        return "value", p[0].cast("int") if f.kind == INT32 else p[0]
+    if o.func == "count":
+        return "value", F.col("cnt")
+    if o.func == "count_distinct":
+        return "value", F.col(f"distinct_{o.field}")
+    if o.func == "approx_distinct":
+        return "value", F.col(f"approx_{o.field}").cast("bigint")
+    if o.func == "avg":
+        return "value", F.col(f"sum_{o.field}").cast("double") / \
+            F.greatest(F.col("cnt"), F.lit(1)).cast("double")
+    if o.func in ("min", "max"):  # a min or max of NULL measures only is NULL
+        v = F.col(f"{o.func}_{o.field}")
+        return "value", F.when((v != I64_MAX) & (v >= 0), v)
+    return "value", F.col(f"{o.func}_{o.field}")
+
+
 def answer_frame(merged: DataFrame, query: Query, slot: int, labels: Iterable[str],
-                 dictionary: DataFrame | None = None) -> DataFrame:
+                 dictionary: DataFrame | None = None, ranked: bool = False) -> DataFrame:
     """The answer of aggregate ``query`` (slot ``slot``) from its folder's merged rows, in
     ``answers.answer_schema``'s columns, a window's rows in the query's order when it has
     one. ``labels``: the node layouts the rows may have; ``dictionary``: (code, text) of the
-    text codes, when the query groups by one."""
+    text codes, when the query groups by one; ``ranked``: ``RANK`` even without ORDER BY (the
+    key columns' order)."""
     if query.join is not None or not compiles(query):
         raise NotCompiled(f"query {query.name}: a join or a selection")
     cat = fields(query.stream)
@@ -215,37 +250,13 @@ def answer_frame(merged: DataFrame, query: Query, slot: int, labels: Iterable[st
 
     cols: dict[str, Column] = {}
     epoch = F.unix_seconds("window_start")
+    columns = {k: [F.col(c) for c in p] for k, p in parts.items()}
     for o in query.outputs:
-        if o.kind == "bucket":
-            cols[o.name] = F.floor(epoch / query.period).cast("bigint")
-        elif o.kind == "key":
-            base, bits = key_field(o.field)
-            f = cat[base]
-            p = [F.col(c) for c in parts[o.field]]
-            if f.kind == IP:  # the halves here, the text below
-                cols[f"_{o.name}_hi"], cols[f"_{o.name}_lo"] = p
-            elif f.kind == CODE and base in TEXT_FIELDS:
-                cols[o.name] = p[0]  # a code until the dictionary's join below
-            elif f.kind == CODE:
-                cols[o.name] = letters_text(p[0])
-            elif f.kind == INT32:
-                cols[o.name] = p[0].cast("int")
-            else:
-                cols[o.name] = p[0]
-        elif o.func == "count":
-            cols[o.name] = F.col("cnt")
-        elif o.func == "count_distinct":
-            cols[o.name] = F.col(f"distinct_{o.field}")
-        elif o.func == "approx_distinct":
-            cols[o.name] = F.col(f"approx_{o.field}").cast("bigint")
-        elif o.func == "avg":
-            cols[o.name] = F.col(f"sum_{o.field}").cast("double") / \
-                F.greatest(F.col("cnt"), F.lit(1)).cast("double")
-        elif o.func in ("min", "max"):  # a min or max of NULL measures only is NULL
-            v = F.col(f"{o.func}_{o.field}")
-            cols[o.name] = F.when((v != I64_MAX) & (v >= 0), v)
-        else:
-            cols[o.name] = F.col(f"{o.func}_{o.field}")
+        kind, c = _output(query, o, columns, epoch)
+        if kind == "address":  # the halves here, the text below
+            cols[f"_{o.name}_hi"], cols[f"_{o.name}_lo"] = c
+        else:  # a text code is a code until the dictionary's join below
+            cols[o.name] = c
     out = merged_keys.select(*(c.alias(n) for n, c in cols.items()), "window_start")
     for cond in query.having:
         out = out.where(F.expr(f"`{cond.column}` {SQL_OPS[cond.op]} {cond.value!r}"))
@@ -257,13 +268,198 @@ def answer_frame(merged: DataFrame, query: Query, slot: int, labels: Iterable[st
             out = with_address_text(out, o.name, f"_{o.name}_hi", f"_{o.name}_lo", bits)
         elif base in TEXT_FIELDS:
             out = _texts(out, o.name, dictionary)
-    return _finished(out, query)
+    return _finished(out, query, ranked)
+
+
+def plain(query: Query) -> bool:
+    """Whether ``shared_frame`` answers ``query``: an aggregate without distinct counts, sketches,
+    ORDER BY, LIMIT or a join, whose HAVING compares numbers (aggregates, the bucket, integer
+    keys). The others are answered one by one (``answer_frame``, ``join_frame``)."""
+    if query.join is not None or not compiles(query) or query.distinct or query.approx \
+            or query.order or query.limit is not None:
+        return False
+    cat = fields(query.stream)
+    kinds = {o.name: cat[key_field(o.field)[0]].kind for o in query.outputs if o.kind == "key"}
+    return all(kinds.get(c.column) in (None, INT32, INT64) for c in query.having)
+
+
+_OPS = {"=": "__eq__", "!=": "__ne__", "<": "__lt__", "<=": "__le__", ">": "__gt__",
+        ">=": "__ge__"}
+SLOT = "_slot"
+
+
+def _case(by_slot: dict[int, Column], every: Collection[int]) -> Column:
+    """One column that is ``by_slot[s]`` on a row of slot ``s`` (NULL for other slots): slots
+    of one expression share a branch, and an expression of every slot in ``every`` needs no
+    CASE (50 branches of one key's decoding outgrew the JVM's method size: no code
+    generation, 20 µs a row)."""
+    branches: dict[str, tuple[Column, list[int]]] = {}
+    for s, c in by_slot.items():
+        branches.setdefault(str(c), (c, []))[1].append(s)
+    if len(branches) == 1 and set(by_slot) >= set(every):
+        return next(iter(branches.values()))[0]
+    out = None
+    for c, slots in branches.values():
+        test = F.col(SLOT) == slots[0] if len(slots) == 1 else F.col(SLOT).isin(slots)
+        out = F.when(test, c) if out is None else out.when(test, c)
+    return out
+
+
+def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: Iterable[str],
+                 dictionary: DataFrame | None, seen: dict[str, str]
+                 ) -> tuple[DataFrame, dict[int, dict[str, str]]] | None:
+    """The answers of the ``plain`` queries (slot, query) of one folder in one pass over its
+    merged rows, with one aggregation: each row goes out once per slot its query-bit pattern
+    holds, its key cut to that query's keys (bytes of the packed key, not decoded), and the
+    rows of every query are rolled up together by (window, slot, key); then the keys are
+    decoded, the outputs computed per slot, and HAVING kept per slot. An output's column is
+    shared by every query that has it with one type; with another type it is
+    ``<name>__<type>`` (``seen``: name -> the Spark type that keeps the bare name, updated).
+    The frame's columns: ``SLOT``, ``window_start``, the outputs; and each slot's column
+    names by output name. None when no node layout of ``labels`` holds a slot of them."""
+    from collector.spark.answers import answer_schema, spark_type
+    if not queries:
+        return None
+    stream = queries[0][1].stream
+    cat = fields(stream)
+    layouts = {label: KeyLayout.parse(stream, label) for label in sorted(set(labels))}
+    key, node = F.col("key"), F.col("node")
+    # 1. each row's layout as a number (a test of the node's text per slot cost 10 µs a row)
+    # and its query-bit pattern words
+    index = {label: i for i, label in enumerate(layouts)}
+    which = None
+    for label, i in index.items():
+        which = F.when(node == label, i) if which is None else which.when(node == label, i)
+    layout = F.col("_layout")
+    words = max((lay.q_words for lay in layouts.values()), default=0)
+    pattern = []
+    for w in range(words):
+        word = None
+        for label, lay in layouts.items():
+            if w < lay.q_words:
+                v, of = _word(key, lay.field_words + w), layout == index[label]
+                word = F.when(of, v) if word is None else word.when(of, v)
+        pattern.append(word.alias(f"_p{w}"))
+    # 2. a row per (row, slot it holds), its key cut to that query's keys: each (layout,
+    # cut) one branch for all the slots that cut alike
+    slots, cuts, packed = [], {}, {}
+    for s, q in queries:
+        packed[s] = KeyLayout(stream, q.keys, 0)
+        held = None
+        for label, lay in layouts.items():
+            nk = {k for k in q.node_keys if not k.startswith(SKETCH)}
+            if not nk <= set(lay.keys) or s >= 64 * lay.q_words:
+                continue
+            at = lay.offsets()
+            runs: list[list[int]] = []  # [first word, words]: adjacent fields in one run
+            for k in packed[s].keys:  # sorted, as the layout's are
+                if runs and sum(runs[-1]) == at[k][0]:
+                    runs[-1][1] += at[k][1]
+                else:
+                    runs.append(list(at[k]))
+            # one substring a run (a concat of adjacent ones cost 3x the grouping)
+            cut = [F.substring(key, 8 * a + 1, 8 * n) for a, n in runs]
+            if packed[s].string is not None:
+                cut.append(F.substring(key, 8 * lay.words + 1, 1 << 30))
+            # a row of no layout here has no pattern: a single layout needs no test of it
+            bit = F.shiftright(F.col(f"_p{s // 64}"), s % 64).bitwiseAND(F.lit(1)) == 1
+            mine = bit if len(layouts) == 1 else (layout == index[label]) & bit
+            held = mine if held is None else held | mine
+            value = (cut[0] if len(cut) == 1 else F.concat(*cut)) if cut else \
+                F.lit(bytearray())
+            cuts.setdefault((label, str(value)), (value, []))[1].append(s)
+        if held is not None:
+            slots.append(F.when(held, F.lit(s)))
+    if not slots:
+        return None
+    cut_key = None
+    for (label, _), (value, mine) in cuts.items():
+        test = F.col(SLOT).isin(mine)
+        if len(layouts) > 1:
+            test = (layout == index[label]) & test
+        if len(cuts) == 1 and len(layouts) == 1:
+            cut_key = value  # every slot cuts alike
+        else:
+            cut_key = F.when(test, value) if cut_key is None else cut_key.when(test, value)
+    measures = sorted({m for _, q in queries for m in q.measures})
+    values = ["cnt", *(f"{a}_{m}" for m in measures for a in ("sum", "min", "max"))]
+    fanned = (merged.select("window_start", *values, "key", which.alias("_layout"))
+              .select("window_start", *values, "key", "_layout", *pattern)
+              .select("window_start", *values, "key", "_layout",
+                      F.explode(F.array(*slots)).alias(SLOT))
+              .where(F.col(SLOT).isNotNull())
+              .select("window_start", *values, SLOT, cut_key.alias("_key")))
+    aggs = [F.sum("cnt").alias("cnt")]
+    for m in measures:
+        aggs += [F.sum(f"sum_{m}").alias(f"sum_{m}"), F.min(f"min_{m}").alias(f"min_{m}"),
+                 F.max(f"max_{m}").alias(f"max_{m}")]
+    rolled = fanned.groupBy("window_start", SLOT, "_key").agg(*aggs)
+    every = [s for s, _ in queries]
+    # 3. each slot's outputs: numbers at once, addresses and text codes by staging columns
+    epoch = F.unix_seconds("window_start")
+    numbers: dict[int, dict[str, Column]] = {}
+    addresses: dict[tuple[str, int | None], dict[int, tuple[Column, Column]]] = {}
+    codes: dict[str, dict[int, Column]] = {}
+    for s, q in queries:
+        parts = decoded(stream, packed[s].label, F.col("_key"))
+        mine = numbers[s] = {}
+        for o in q.outputs:
+            kind, c = _output(q, o, parts, epoch)
+            if kind == "address":
+                addresses.setdefault((o.name, key_field(o.field)[1]), {})[s] = c
+            elif kind == "code":
+                codes.setdefault(o.name, {})[s] = c
+            else:
+                mine[o.name] = c
+    having = {s: [getattr(numbers[s][c.column], _OPS[c.op])(F.lit(c.value))
+                  for c in q.having] for s, q in queries if q.having}
+    if having:
+        keep = {s: reduce(lambda a, b: a & b, conds) for s, conds in having.items()}
+        rolled = rolled.where(F.coalesce(_case(keep, every), F.lit(True)))
+    staged = [F.col(SLOT), F.col("window_start"), F.col("_key"), *(F.col(v) for v in values)]
+    as_text: dict[tuple[str, int | None], str] = {}  # (output, bits) -> its text column
+    for i, ((name, bits), by_slot) in enumerate(addresses.items()):
+        as_text[(name, bits)] = f"_a{i}"
+        staged += [_case({s: hl[0] for s, hl in by_slot.items()}, every).alias(f"_a{i}_hi"),
+                   _case({s: hl[1] for s, hl in by_slot.items()}, every).alias(f"_a{i}_lo")]
+    coded = {name: f"_c{i}" for i, name in enumerate(codes)}  # output -> its text column
+    staged += [_case(by_slot, every).alias(coded[name]) for name, by_slot in codes.items()]
+    frame = rolled.select(*staged)
+    for (_, bits), column in as_text.items():
+        frame = with_address_text(frame, column, f"{column}_hi", f"{column}_lo", bits)
+    for column in coded.values():
+        frame = _texts(frame, column, dictionary)
+    # 4. the outputs' columns, each the CASE of the slots that have it
+    columns: dict[str, dict[int, Column]] = {}
+    names: dict[int, dict[str, str]] = {}
+    for s, q in queries:
+        mine = dict(numbers[s])
+        for o in q.outputs:
+            if o.kind == "key":
+                base, bits = key_field(o.field)
+                if cat[base].kind == IP:
+                    mine[o.name] = F.col(as_text[(o.name, bits)])
+                elif s in codes.get(o.name, {}):
+                    mine[o.name] = F.col(coded[o.name])
+        mine["window_end"] = F.timestamp_seconds(epoch + F.lit(q.period))
+        names[s] = {}
+        for f in answer_schema(q):
+            if f.name == "window_start":
+                continue
+            kind = spark_type(f.type)
+            as_ = f.name if seen.setdefault(f.name, kind) == kind else f"{f.name}__{kind}"
+            names[s][f.name] = as_
+            columns.setdefault(as_, {})[s] = mine[f.name].cast(kind)
+    out = frame.select(F.col(SLOT), F.col("window_start"),
+                       *(_case(by_slot, every).alias(name)
+                         for name, by_slot in columns.items()))
+    return out, names
 
 
 RANK = "_rank"  # a row's place in its window, in the query's order (ORDER BY queries)
 
 
-def _finished(frame: DataFrame, query: Query) -> DataFrame:
+def _finished(frame: DataFrame, query: Query, ranked: bool = False) -> DataFrame:
     """An answer's outputs in ``answers.answer_schema``'s columns and types (``window_end``
     added); a query with ORDER BY also has ``RANK``, LIMIT per window applied."""
     from collector.spark.answers import answer_schema, spark_type
@@ -271,7 +467,7 @@ def _finished(frame: DataFrame, query: Query) -> DataFrame:
                              F.expr(f"INTERVAL {query.period} SECONDS"))
     out = frame.select(*(F.col(f"`{f.name}`").cast(spark_type(f.type)).alias(f.name)
                          for f in answer_schema(query)))
-    return _ranked(out, query) if query.order or query.limit is not None else out
+    return _ranked(out, query) if ranked or query.order or query.limit is not None else out
 
 
 _ARITH = {exp.Add: "__add__", exp.Sub: "__sub__", exp.Mul: "__mul__"}
@@ -311,7 +507,7 @@ def _column(node: exp.Expression) -> Column:
 
 
 def join_frame(merged: DataFrame, query: Query, slots: dict[str, int], labels: Iterable[str],
-               dictionary: DataFrame | None = None) -> DataFrame:
+               dictionary: DataFrame | None = None, ranked: bool = False) -> DataFrame:
     """The answer of a WITH … [LEFT] JOIN query: its parts' answers (``answer_frame``, each
     at its slot in ``slots`` by part name) joined per window on the ON keys, the WHERE kept
     (SQL's: a row whose condition is NULL goes), the SELECT computed, ORDER BY … LIMIT per
@@ -331,7 +527,7 @@ def join_frame(merged: DataFrame, query: Query, slots: dict[str, int], labels: I
         joined = joined.where(_column(j.where))
     out = joined.select(*(_column(node).alias(name) for name, node in j.select),
                         F.col(f"`{j.left}.window_start`").alias("window_start"))
-    return _finished(out, query)
+    return _finished(out, query, ranked)
 
 
 def _texts(frame: DataFrame, column: str, dictionary: DataFrame | None) -> DataFrame:
@@ -344,14 +540,19 @@ def _texts(frame: DataFrame, column: str, dictionary: DataFrame | None) -> DataF
             .withColumn(column, F.col("_text")).drop("_code", "_text"))
 
 
+def key_columns(query: Query) -> list[str]:
+    """The outputs an answer's rows are sorted by after its window and ORDER BY
+    (``answers.order_rows``): the bucket and the keys, in the SELECT's order."""
+    return [o.name for o in query.outputs if o.kind != "agg"]
+
+
 def order_columns(query: Query) -> list[Column]:
     """ORDER BY, then the key columns ascending (rows tied on ORDER BY in one order); NULLs
     last, as Arrow sorts them."""
     by = dict(query.order)
     out = [F.col(c).desc_nulls_last() if desc else F.col(c).asc_nulls_last()
            for c, desc in query.order]
-    out += [F.col(o.name).asc_nulls_last() for o in query.outputs
-            if o.kind != "agg" and o.name not in by]
+    out += [F.col(c).asc_nulls_last() for c in key_columns(query) if c not in by]
     return out
 
 

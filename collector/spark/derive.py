@@ -383,9 +383,9 @@ def compiled(folder: Folder) -> bool:
     """Whether Spark's engine answers every query of ``folder`` (``compiled_answers``): not
     a selection folder, and no output named as the job's own columns."""
     from collector.spark.answers import answer_schema
-    from collector.spark.compile import RANK, compiles
+    from collector.spark.compile import RANK, SLOT, compiles
     return folder.folder != "select" and all(
-        compiles(q) and not {QUERY, RANK} & set(answer_schema(q).names)
+        compiles(q) and not {QUERY, RANK, SLOT} & set(answer_schema(q).names)
         for q in folder.answers)
 
 
@@ -406,7 +406,15 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
-    from collector.spark.compile import RANK, answer_frame, join_frame
+    from collector.spark.compile import (
+        RANK,
+        SLOT,
+        answer_frame,
+        join_frame,
+        key_columns,
+        plain,
+        shared_frame,
+    )
     from collector.spark.write import promote, stage_dir
     if reuse:
         rows = rows.persist()
@@ -415,27 +423,64 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
         texts = dictionary_frame(rows.sparkSession, folder)
         slots = {q.name: s for s, q in folder.slots}
         frames, seen, observed = [], {}, {}
-        for i, q in enumerate(folder.answers):
-            frame = join_frame(rows, q, slots, labels, texts) if q.join is not None else \
-                answer_frame(rows, q, slots[q.name], labels, texts)
-            obs = Observation(f"flowsieve_{folder.stream}_{folder.folder}_{job}_{i}")
+        tag = f"flowsieve_{folder.stream}_{folder.folder}_{job}"
+        # a window's rows are written sorted by the key columns (answers.order_rows) of all
+        # the queries, in their first query's order; a query whose keys come in another
+        # order is ranked by its own (so is one with ORDER BY)
+        keys: list[str] = []
+        for q in folder.answers:
+            keys += [c for c in key_columns(q) if c not in keys]
+        in_order = {q.name: sorted(keys.index(c) for c in key_columns(q)) ==
+                    [keys.index(c) for c in key_columns(q)] for q in folder.answers}
+        together = [(slots[q.name], q) for q in folder.answers if plain(q) and in_order[q.name]]
+        shared = shared_frame(rows, together, labels, texts, seen)
+        if shared is None:
+            together = []
+        alone = [q for q in folder.answers if all(q is not t for _, t in together)]
+        written_as: dict[str, list[str]] = {}  # a key column -> its names as written
+        if shared is not None:
+            frame, names = shared
+            for s, _ in together:
+                for c, as_ in names[s].items():
+                    if c in keys and as_ not in written_as.setdefault(c, []):
+                        written_as[c].append(as_)
+            obs = Observation(f"{tag}_shared")
+            # rows per slot, and the (slot, window) pairs (a set as small as the windows):
+            # an HLL per slot on every row cost more than the answers' addresses
+            frame = frame.observe(obs, F.collect_set(F.struct(SLOT, "window_start"))
+                                  .alias("windows"),
+                                  *(F.count_if(F.col(SLOT) == s).alias(f"rows_{s}")
+                                    for s, _ in together))
+            name = F.create_map(*(c for s, q in together for c in (F.lit(s), F.lit(q.name))))
+            frames.append(frame.select(*(F.col(f"`{c}`") for c in frame.columns if c != SLOT),
+                                       F.lit(None).cast("int").alias(RANK),
+                                       name[F.col(SLOT)].alias(QUERY)))
+            for s, q in together:
+                observed[q.name] = (obs, s)
+        for i, q in enumerate(alone):
+            ranked = not in_order[q.name]
+            frame = join_frame(rows, q, slots, labels, texts, ranked) if q.join is not None \
+                else answer_frame(rows, q, slots[q.name], labels, texts, ranked)
+            obs = Observation(f"{tag}_{i}")
             frame = frame.observe(obs, F.count(F.lit(1)).alias("rows"),
                                   F.max("window_start").alias("newest"),
                                   F.approx_count_distinct("window_start", 0.01).alias("windows"))
-            observed[q.name] = obs
+            observed[q.name] = (obs, None)
             renamed = []
             for name, kind in frame.dtypes:
-                if seen.setdefault(name, kind) != kind:
-                    name_as = f"{name}__{kind}"
-                    renamed.append(F.col(f"`{name}`").alias(name_as))
-                else:
-                    renamed.append(F.col(f"`{name}`"))
+                name_as = name if seen.setdefault(name, kind) == kind else f"{name}__{kind}"
+                renamed.append(F.col(f"`{name}`").alias(name_as))
+                if name in keys and name_as not in written_as.setdefault(name, []):
+                    written_as[name].append(name_as)
             if RANK not in frame.columns:
                 renamed.append(F.lit(None).cast("int").alias(RANK))
             frames.append(frame.select(*renamed, F.lit(q.name).alias(QUERY)))
         union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
-        out = (union.repartition(max(1, min(len(frames), partitions)), QUERY)
-               .sortWithinPartitions(QUERY, "window_start", RANK).drop(RANK))
+        out = (union.repartition(max(1, min(len(folder.answers), partitions)), QUERY)
+               .sortWithinPartitions(QUERY, "window_start", RANK,
+                                     *(F.col(f"`{n}`").asc_nulls_last()
+                                       for c in keys for n in written_as.get(c, ())))
+               .drop(RANK))
         rows.sparkSession.sparkContext.setJobDescription(
             f"flowsieve answers {folder.stream}/{folder.folder} (Spark SQL)")
         (out.write.mode("overwrite").partitionBy(QUERY)
@@ -447,11 +492,16 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
             rows.unpersist()
     promote(root, job, part_name(job))
     written = []
-    for name, obs in observed.items():
+    for name, (obs, slot) in observed.items():
         m = obs.get
-        newest = m.get("newest")
-        written.append({QUERY: name, "rows": int(m.get("rows") or 0),
-                        "windows": int(m.get("windows") or 0),
+        if slot is None:
+            newest, rows_ = m.get("newest"), int(m.get("rows") or 0)
+            windows = int(m.get("windows") or 0)
+        else:
+            starts = [r[1] for r in m.get("windows") or () if r[0] == slot]
+            newest, rows_, windows = max(starts, default=None), int(m.get(f"rows_{slot}") or 0), \
+                len(starts)
+        written.append({QUERY: name, "rows": rows_, "windows": windows,
                         "newest": int(newest.timestamp()) if newest is not None else 0})
     return written
 

@@ -7,6 +7,7 @@ import csv
 import io
 import ipaddress
 import json
+import os
 import subprocess
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
@@ -107,15 +108,20 @@ def test_replay_reader_process_failure_is_one_error(spark, tmp_path, monkeypatch
                settings=Settings(initial_queries=None, replay_workers=2))
 
 
-def replay_command(path, fmt: str) -> subprocess.CompletedProcess:
-    """``flowsieve replay`` of Q1-Q3 in its own process (own JVM)."""
-    return cli_spark("replay", str(path), "--queries", data_file("example.sql"), "--format", fmt)
+def replay_command(path, fmt: str, engine: str | None = None) -> subprocess.CompletedProcess:
+    """``flowsieve replay`` of Q1-Q3 in its own process (own JVM); ``engine``: the
+    answer engine (spark.answer_engine), else the default."""
+    env = {**os.environ, "FLOWSIEVE_SPARK__ANSWER_ENGINE": engine} if engine else None
+    return cli_spark("replay", str(path), "--queries", data_file("example.sql"), "--format", fmt,
+                     env=env)
 
 
-def test_replay_command_csv(tmp_path):
-    """The command itself (own JVM): csv header, one row per result row, dpkt's numbers."""
+@pytest.mark.parametrize("engine", ["python", "sql"])
+def test_replay_command_csv(tmp_path, engine):
+    """The command itself (own JVM): csv header, one row per result row, dpkt's numbers, rows
+    in the README's order (a window's by its keys) whichever engine answers."""
     path = capture("wikipedia.pcap")
-    out = replay_command(path, "csv")
+    out = replay_command(path, "csv", engine)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = list(csv.DictReader(io.StringIO(out.stdout)))
     assert list(rows[0]) == ["query", "t", "src_ip", "dst_ip", "bytes", "pkts", "window_start",

@@ -9,6 +9,7 @@ import ipaddress
 import random
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from pyspark.sql import functions as F
 
@@ -17,7 +18,16 @@ from capture.pcap import open_capture
 from collector.config import Settings
 from collector.pipeline.engine import Engine
 from collector.pipeline.spool import Spool, schema_for, spark_ddl
-from collector.spark.compile import RANK, answer_frame, compiles, join_frame, with_address_text
+from collector.spark.compile import (
+    RANK,
+    SLOT,
+    answer_frame,
+    compiles,
+    join_frame,
+    plain,
+    shared_frame,
+    with_address_text,
+)
 from collector.spark.derive import Folder, answer_locally
 from collector.spark.merge import merge_partials
 from planner.plan import build_plan
@@ -29,7 +39,8 @@ pytestmark = pytest.mark.slow
 
 # every aggregate class of the prepare workloads' queries (the enrichment ones need tables:
 # not here), and more: a top-N of address pairs, IPv6 prefixes, names, a HAVING and a two-key
-# ORDER BY, a LEFT JOIN without keys, a join with ORDER BY … LIMIT
+# ORDER BY, a LEFT JOIN without keys, a join with ORDER BY … LIMIT; plain aggregates that share
+# output names (``n`` a count and a port, ``net`` two prefix lengths) and a two-part HAVING
 BASE = [q for q in parse_queries(PACKET_QUERIES)
         if not q.is_selection and q.name not in ("geo", "cities")]
 MORE = """
@@ -42,6 +53,17 @@ GROUP BY time/10, prefix(src_ip, 64);
 -- name: by_len
 SELECT time/10 AS t, ip_len, count(DISTINCT src_ip) AS srcs, avg(ip_len) AS mean FROM packets
 WHERE protocol = 6 GROUP BY time/10, ip_len;
+-- name: busy_hosts
+SELECT time/10 AS t, src_ip, count(*) AS n, sum(wirelen) AS b FROM packets
+GROUP BY time/10, src_ip HAVING n > 2 AND b >= 100;
+-- name: udp_pairs
+SELECT time/10 AS t, src_ip, dst_ip, count(*) AS n, max(wirelen) AS m FROM packets
+WHERE protocol = 17 GROUP BY time/10, src_ip, dst_ip;
+-- name: port_as_n
+SELECT time/10 AS t, dst_port AS n, count(*) AS c FROM packets GROUP BY time/10, dst_port;
+-- name: nets48
+SELECT time/10 AS t, prefix(src_ip, 48) AS net, count(*) AS n FROM packets
+GROUP BY time/10, prefix(src_ip, 48);
 -- name: names
 SELECT time/10 AS t, dns_qname, count(*) AS n FROM packets WHERE dst_port = 53
 GROUP BY time/10, dns_qname;
@@ -135,6 +157,36 @@ def test_every_aggregate_class_equals_the_python_derivation(merged):
                     "window_start").to_pylist(), name
             names.add(name)
     assert names == {q.name for q in QUERIES}
+
+
+def test_the_plain_queries_answered_together_equal_the_python_derivation(merged):
+    """A folder's plain aggregates (no distinct count, sketch, order or join) in one pass and
+    one aggregation (``shared_frame``): each slot's rows, in its own columns, equal Python's;
+    a name two queries have with two types is ``<name>__<type>`` for the second."""
+    names = set()
+    for rows, table, folder, labels in merged:
+        slots = {q.name: s for s, q in folder.slots}
+        together = [(slots[q.name], q) for q in folder.answers if plain(q)]
+        if not together:
+            continue
+        want = answer_locally(table, folder)
+        seen: dict[str, str] = {}
+        frame, columns = shared_frame(rows, together, labels, None, seen)
+        plan = frame._jdf.queryExecution().executedPlan().toString()
+        assert not [n for n in PYTHON_NODES if n in plan], plan
+        got = frame.toArrow()
+        for s, q in together:
+            mine = got.filter(pc.equal(got[SLOT], s))
+            mine = pa.table({name: mine[columns[s].get(name, name)]
+                             for name in want[q.name].column_names})
+            expected = want[q.name]
+            assert expected.num_rows, f"{q.name}: no rows to compare"
+            assert mine.schema == expected.schema, q.name
+            assert _rows(mine) == _rows(expected), q.name
+            names.add(q.name)
+        if {"port_as_n", "busy_hosts"} <= {q.name for _, q in together}:
+            assert "n__int" in frame.columns, frame.columns
+    assert {"busy_hosts", "udp_pairs", "port_as_n", "nets6", "nets48", "names"} <= names, names
 
 
 def test_the_answer_plan_holds_no_python_node(merged):
