@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 RUNTIME := $(VENV)/.installed-runtime
 CONFIG ?= config.example.yaml
 
-.PHONY: run test test-fast test-install crash-matrix bench lint java tools clean
+.PHONY: run test test-long test-fast test-install crash-matrix bench lint java tools clean
 
 # `make run`: the daemon's dependencies only (and scapy's, for live capture), then `flowsieve
 # prepare`: numba's kernels compiled and the JVM's class-data archive made (about a minute),
@@ -44,13 +44,20 @@ java:
 run: $(RUNTIME) java
 	$(BIN)/flowsieve run --config $(CONFIG)
 
-# The whole suite, slow (Spark, daemon) tests included; exit code 5 (no tests) is a failure.
-# Two workers, a test file each at a time: the slow tests mostly wait (a JVM, a window).
+# The whole suite, slow (Spark, daemon) tests included, but the long lane (make test-long);
+# exit code 5 (no tests) is a failure. Two workers, a test file each at a time: the slow tests
+# mostly wait (a JVM, a window).
 test: $(STAMP) java tools
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=12
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=12 -m "not long"
 
-# Every crash point of tests/test_crash_points.py at its first and a later hit (make test
-# walks a sample of them); CI runs it after make test.
+# The long lane (marker long): every crash point of tests/test_crash_points.py at its first
+# and a later hit, 1,000 queries hot-swapped under traffic, a window of 4M groups on the
+# two-worker cluster. CI runs it after make test.
+test-long: $(STAMP) java tools
+	FLOWSIEVE_CRASH_MATRIX=all $(BIN)/python -m pytest -q -n 2 --dist load -m long \
+	  --durations=8
+
+# The crash chains alone (test-long runs them too)
 crash-matrix: $(STAMP) java tools
 	FLOWSIEVE_CRASH_MATRIX=all $(BIN)/python -m pytest -q -n 2 --dist load \
 	  tests/test_crash_points.py -k test_crash_at_each_durable_step

@@ -356,6 +356,7 @@ sources:
         assert want  # not vacuous
 
 
+@pytest.mark.long
 def test_a_window_of_four_million_groups_on_the_cluster(tmp_path, cluster, big_window):
     """A query with 4 million groups in one window (every packet its own (source,
     destination, source port)) through the daemon on the cluster, the driver at

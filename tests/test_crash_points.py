@@ -13,8 +13,9 @@ whole capture is answered exactly, every packet counted once, and the webhook ha
 alert the daemon holds (fired, resolved), a notification sent again only with its own
 idempotency key and body.
 
-``make test`` walks a sample (``SAMPLE``); ``make crash-matrix`` (``.ci/run`` calls it too)
-walks the whole matrix (``FLOWSIEVE_CRASH_MATRIX=all``)."""
+The chains are the long lane's (``make test-long``, which ``.ci/run`` calls after ``make test``;
+``make crash-matrix`` alone): the whole matrix (``FLOWSIEVE_CRASH_MATRIX=all``); a plain pytest
+of this file walks a sample (``SAMPLE``)."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def matrix() -> list[list[str]]:
     return chains
 
 
-# make test: the JVM alone at its first offset log (the first-batch hole), the whole daemon
+# a plain pytest of this file: the JVM alone at its first offset log (the first-batch hole), the whole daemon
 # as a position is committed, as an answer part is renamed in a later batch, and as alerts
 # were sent but not yet marked delivered
 SAMPLE = [["spark.offsets:1:jvm", "position.commit:2", "results.rename:3", "alerts.send:2"]]
@@ -201,6 +202,7 @@ def jvm_alone(client: httpx.Client, proc: subprocess.Popen) -> None:
     assert True in said  # while a new JVM starts, readiness says how the last one died
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("chain", CHAINS, ids=[",".join(c) for c in CHAINS])
 def test_crash_at_each_durable_step(tmp_path, chain):
     run_chain(tmp_path, chain)

@@ -75,6 +75,7 @@ def churn_queries(n: int, seed: int) -> dict[str, str]:
 
 
 
+@pytest.mark.long
 def test_register_and_delete_1000_queries_under_traffic(tmp_path, spark):
     cfg, port = daemon_config(tmp_path, [
         f"{{type: pcap, name: traffic, path: {tmp_path / 'traffic.pcap'}, follow: true}}"],
