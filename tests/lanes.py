@@ -66,7 +66,7 @@ def pytest_collection_modifyitems(config, items):
     # between the long slow files), and the lane test, which would only repeat them, does not
     selected = {i.nodeid.split("::")[0] for i in items}
     if LANE_TEST in selected and not os.environ.get(IN_LANE) and \
-            not config.getoption("markexpr"):
+            config.getoption("markexpr") in WHOLE_RUN:
         if hasattr(config, "workerinput"):
             keep = [i for i in items if i.nodeid.split("::")[0] != LANE_TEST]
         else:  # one process: the lane runs beside it, in a pytest of its own
@@ -80,9 +80,14 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda i: rank.get(i.nodeid.split("::")[0], len(rank)))
 
 
-# the slow files that take longest (a full run's --durations), longest first
-LONGEST = ("tests/test_hot_swap.py", "tests/test_cluster.py", "tests/test_kill.py",
-           "tests/test_lanes.py", "tests/test_alerts_daemon.py", "tests/test_long_run.py")
+# the mark expressions of a run of every test but those a lane of their own runs: no
+# expression, or make test's (the long lane is make test-long's)
+WHOLE_RUN = ("", "not long")
+# the slow files that take longest (make test's --durations), longest first
+LONGEST = ("tests/test_kill.py", "tests/test_prepare.py", "tests/test_disk_full.py",
+           "tests/test_dependencies.py", "tests/test_cluster.py", "tests/test_alerts_daemon.py",
+           "tests/collector/spark/test_answer_path.py", "tests/test_lanes.py",
+           "tests/test_long_run.py", "tests/test_sflow_daemon.py")
 
 
 FAST_LANE = pytest.StashKey()

@@ -71,9 +71,9 @@ def matrix() -> list[list[str]]:
     return chains
 
 
-# a plain pytest of this file: the JVM alone at its first offset log (the first-batch hole), the whole daemon
-# as a position is committed, as an answer part is renamed in a later batch, and as alerts
-# were sent but not yet marked delivered
+# a plain pytest of this file: the JVM alone at its first offset log (the first-batch hole),
+# the whole daemon as a position is committed, as an answer part is renamed in a later batch,
+# and as alerts were sent but not yet marked delivered
 SAMPLE = [["spark.offsets:1:jvm", "position.commit:2", "results.rename:3", "alerts.send:2"]]
 _CHOSEN = os.environ.get("FLOWSIEVE_CRASH_MATRIX", "")  # "all", or one chain: "p:n,p:n"
 CHAINS = matrix() if _CHOSEN == "all" else [_CHOSEN.split(",")] if _CHOSEN else SAMPLE
