@@ -192,6 +192,15 @@ def _key_parts(query: Query, i: int, key: str) -> list[str]:
     return [f"k{i}_0", f"k{i}_1"] if kind == IP else [f"k{i}_0"]
 
 
+def rollup(measures: Iterable[str]) -> list[Column]:
+    """Partial rows merged: counts and sums added, minima and maxima kept."""
+    out = [F.sum("cnt").alias("cnt")]
+    for m in measures:
+        out += [F.sum(f"sum_{m}").alias(f"sum_{m}"), F.min(f"min_{m}").alias(f"min_{m}"),
+                F.max(f"max_{m}").alias(f"max_{m}")]
+    return out
+
+
 def _output(query: Query, o, parts: dict[str, list[Column]], epoch: Column
             ) -> tuple[str, Column | tuple[Column, Column]]:
     """An output over rolled-up rows (``cnt``, ``sum_``/``min_``/``max_``, ``distinct_``,
@@ -238,10 +247,7 @@ def answer_frame(merged: DataFrame, query: Query, slot: int, labels: Iterable[st
     node_keys = [k for k in query.node_keys if not k.startswith(SKETCH)]
     parts = {k: _key_parts(query, i, k) for i, k in enumerate(node_keys)}
     group = ["window_start", *(p for k in query.keys for p in parts[k])]
-    aggs = [F.sum("cnt").alias("cnt")]
-    for m in query.measures:
-        aggs += [F.sum(f"sum_{m}").alias(f"sum_{m}"), F.min(f"min_{m}").alias(f"min_{m}"),
-                 F.max(f"max_{m}").alias(f"max_{m}")]
+    aggs = rollup(query.measures)
     for f in query.distinct:  # NULL is not a value: countDistinct skips it
         aggs.append(F.count_distinct(*(F.col(p) for p in parts[f])).alias(f"distinct_{f}"))
     for f in query.approx:
@@ -346,8 +352,8 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
     for s, q in queries:
         packed[s] = KeyLayout(stream, q.keys, 0)
         held = None
+        nk = {k for k in q.node_keys if not k.startswith(SKETCH)}
         for label, lay in layouts.items():
-            nk = {k for k in q.node_keys if not k.startswith(SKETCH)}
             if not nk <= set(lay.keys) or s >= 64 * lay.q_words:
                 continue
             at = lay.offsets()
@@ -389,11 +395,7 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
                       F.explode(F.array(*slots)).alias(SLOT))
               .where(F.col(SLOT).isNotNull())
               .select("window_start", *values, SLOT, cut_key.alias("_key")))
-    aggs = [F.sum("cnt").alias("cnt")]
-    for m in measures:
-        aggs += [F.sum(f"sum_{m}").alias(f"sum_{m}"), F.min(f"min_{m}").alias(f"min_{m}"),
-                 F.max(f"max_{m}").alias(f"max_{m}")]
-    rolled = fanned.groupBy("window_start", SLOT, "_key").agg(*aggs)
+    rolled = fanned.groupBy("window_start", SLOT, "_key").agg(*rollup(measures))
     every = [s for s, _ in queries]
     # 3. each slot's outputs: numbers at once, addresses and text codes by staging columns
     epoch = F.unix_seconds("window_start")
@@ -411,11 +413,11 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
                 codes.setdefault(o.name, {})[s] = c
             else:
                 mine[o.name] = c
-    having = {s: [getattr(numbers[s][c.column], _OPS[c.op])(F.lit(c.value))
-                  for c in q.having] for s, q in queries if q.having}
-    if having:
-        keep = {s: reduce(lambda a, b: a & b, conds) for s, conds in having.items()}
-        rolled = rolled.where(F.coalesce(_case(keep, every), F.lit(True)))
+    if any(q.having for _, q in queries):  # a comparison with NULL drops the row, as SQL's
+        keep = {s: F.coalesce(reduce(lambda a, b: a & b, [
+            getattr(numbers[s][c.column], _OPS[c.op])(F.lit(c.value)) for c in q.having]),
+            F.lit(False)) if q.having else F.lit(True) for s, q in queries}
+        rolled = rolled.where(_case(keep, every))
     staged = [F.col(SLOT), F.col("window_start"), F.col("_key"), *(F.col(v) for v in values)]
     as_text: dict[tuple[str, int | None], str] = {}  # (output, bits) -> its text column
     for i, ((name, bits), by_slot) in enumerate(addresses.items()):

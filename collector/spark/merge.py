@@ -24,6 +24,7 @@ from capture.enrich.dictionary import folder_of
 from capture.fields import measures
 from collector.metrics import Metrics
 from collector.pipeline.spool import schema_for, spark_ddl
+from collector.spark.compile import rollup
 from collector.spark.derive import Folder, answers, compiled, compiled_answers
 from collector.spark.session import one_line
 from collector.spark.write import clear_leftovers, sweep_results
@@ -48,13 +49,7 @@ def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None,
     under the watermark. The key is one binary value (collector/keys.py): the group never
     spans the catalogue's columns and no row is exploded per query. ``only``: the measures
     to merge (default all); ``sketches``: False when no row carries a sketch."""
-    aggs = [F.sum("cnt").alias("cnt")]
-    for m in measures(stream):
-        if only is not None and m.name not in only:
-            continue
-        aggs += [F.sum(f"sum_{m.name}").alias(f"sum_{m.name}"),
-                 F.min(f"min_{m.name}").alias(f"min_{m.name}"),
-                 F.max(f"max_{m.name}").alias(f"max_{m.name}")]
+    aggs = rollup(m.name for m in measures(stream) if only is None or m.name in only)
     if watermark_delay_s is not None:
         df = df.withWatermark("window_start", f"{watermark_delay_s} seconds")
     keys = ("window_start", "node", "key")
