@@ -330,24 +330,22 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
     cat = fields(stream)
     layouts = {label: KeyLayout.parse(stream, label) for label in sorted(set(labels))}
     key, node = F.col("key"), F.col("node")
-    # 1. each row's layout as a number (a test of the node's text per slot cost 10 µs a row)
-    # and its query-bit pattern words
+    # 1. each row's query-bit pattern: the bytes of its key that hold it, by its layout
     index = {label: i for i, label in enumerate(layouts)}
+    pat = None
+    for label, lay in layouts.items():
+        v = F.substring(key, 8 * lay.field_words + 1, 8 * lay.q_words)
+        pat = F.when(node == label, v) if pat is None else pat.when(node == label, v)
+    # 2. the slots of each distinct (layout, pattern), tested on those few rows and joined
+    # back to every row (a broadcast hash join: a row goes out once per slot its pattern
+    # holds); the slots tested on every row, an explode of every slot then a filter, cost
+    # 6 µs a row. Each slot's key is cut to its query's keys (bytes of the packed key)
+    layout, pattern = F.col("_layout"), F.col("_pat")
     which = None
     for label, i in index.items():
         which = F.when(node == label, i) if which is None else which.when(node == label, i)
-    layout = F.col("_layout")
     words = max((lay.q_words for lay in layouts.values()), default=0)
-    pattern = []
-    for w in range(words):
-        word = None
-        for label, lay in layouts.items():
-            if w < lay.q_words:
-                v, of = _word(key, lay.field_words + w), layout == index[label]
-                word = F.when(of, v) if word is None else word.when(of, v)
-        pattern.append(word.alias(f"_p{w}"))
-    # 2. a row per (row, slot it holds), its key cut to that query's keys: each (layout,
-    # cut) one branch for all the slots that cut alike
+    bits = [_word(pattern, w).alias(f"_p{w}") for w in range(words)]
     slots, cuts, packed = [], {}, {}
     for s, q in queries:
         packed[s] = KeyLayout(stream, q.keys, 0)
@@ -367,9 +365,8 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
             cut = [F.substring(key, 8 * a + 1, 8 * n) for a, n in runs]
             if packed[s].string is not None:
                 cut.append(F.substring(key, 8 * lay.words + 1, 1 << 30))
-            # a row of no layout here has no pattern: a single layout needs no test of it
             bit = F.shiftright(F.col(f"_p{s // 64}"), s % 64).bitwiseAND(F.lit(1)) == 1
-            mine = bit if len(layouts) == 1 else (layout == index[label]) & bit
+            mine = (layout == index[label]) & bit
             held = mine if held is None else held | mine
             value = (cut[0] if len(cut) == 1 else F.concat(*cut)) if cut else \
                 F.lit(bytearray())
@@ -389,11 +386,13 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
             cut_key = F.when(test, value) if cut_key is None else cut_key.when(test, value)
     measures = sorted({m for _, q in queries for m in q.measures})
     values = ["cnt", *(f"{a}_{m}" for m in measures for a in ("sum", "min", "max"))]
-    fanned = (merged.select("window_start", *values, "key", which.alias("_layout"))
-              .select("window_start", *values, "key", "_layout", *pattern)
-              .select("window_start", *values, "key", "_layout",
-                      F.explode(F.array(*slots)).alias(SLOT))
-              .where(F.col(SLOT).isNotNull())
+    rows = merged.select("window_start", *values, "key", "node", pat.alias("_pat"))
+    slot_of = (rows.select("node", "_pat").distinct()
+               .select("node", "_pat", which.alias("_layout"))
+               .select("node", "_pat", "_layout", *bits)
+               .select("node", "_pat", "_layout", F.explode(F.array(*slots)).alias(SLOT))
+               .where(F.col(SLOT).isNotNull()))
+    fanned = (rows.join(F.broadcast(slot_of), ["node", "_pat"])
               .select("window_start", *values, SLOT, cut_key.alias("_key")))
     rolled = fanned.groupBy("window_start", SLOT, "_key").agg(*rollup(measures))
     every = [s for s, _ in queries]
@@ -402,8 +401,11 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
     numbers: dict[int, dict[str, Column]] = {}
     addresses: dict[tuple[str, int | None], dict[int, tuple[Column, Column]]] = {}
     codes: dict[str, dict[int, Column]] = {}
+    parts_of: dict[str, dict[str, list[Column]]] = {}  # a cut's layout, decoded once
     for s, q in queries:
-        parts = decoded(stream, packed[s].label, F.col("_key"))
+        label = packed[s].label
+        parts = parts_of.get(label) or parts_of.setdefault(
+            label, decoded(stream, label, F.col("_key")))
         mine = numbers[s] = {}
         for o in q.outputs:
             kind, c = _output(q, o, parts, epoch)

@@ -163,6 +163,11 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
          .config("spark.sql.session.timeZone", "UTC")
          .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
          .config("spark.sql.files.ignoreCorruptFiles", "true")
+         # HotSpot never compiles a method over 8,000 bytes of bytecode (DontCompileHugeMethods):
+         # a stage whose generated method is larger ran interpreted, 2x slower than without
+         # whole-stage code generation (the Spark SQL answers of 50 queries); Spark's default
+         # limit is 65,535
+         .config("spark.sql.codegen.hugeMethodLimit", "8000")
          # answers: timestamps as UTC instants (INT96 would read back as local times), the
          # Python stages fed large Arrow batches (fewer calls; a group is whole anyway)
          .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
