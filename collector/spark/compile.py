@@ -31,7 +31,19 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from sqlglot import exp
 
-from capture.fields import CODE, INT32, INT64, IP, SKETCH, STRING, TEXT_FIELDS, fields, key_field
+from capture.fields import (
+    BYTES,
+    CODE,
+    INT32,
+    INT64,
+    IP,
+    SKETCH,
+    STRING,
+    TEXT_FIELDS,
+    TS,
+    fields,
+    key_field,
+)
 from collector.keys import KeyLayout
 from planner.ir import Query
 
@@ -40,13 +52,14 @@ SQL_OPS = {"=": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 
 
 class NotCompiled(ValueError):
-    """A query whose answer this compiler does not express (a join, a selection)."""
+    """A query whose answer this compiler does not express."""
 
 
 def compiles(query: Query) -> bool:
-    """Whether ``answer_frame`` (``join_frame`` for a WITH … JOIN) answers ``query``."""
+    """Whether ``answer_frame`` (``join_frame`` for a WITH … JOIN, ``selection_frame`` for a
+    selection) answers ``query``."""
     if query.is_selection:
-        return False
+        return True
     if query.join is not None:
         return all(compiles(p) for p in query.join.parts)
     cat = fields(query.stream)
@@ -59,6 +72,11 @@ def compiles(query: Query) -> bool:
 def _word(key: Column, i: int) -> Column:
     """The ``i``-th little-endian int64 word of a packed key."""
     return F.conv(F.hex(F.reverse(F.substring(key, 8 * i + 1, 8))), 16, -10).cast("bigint")
+
+
+def _half(address: Column, i: int) -> Column:
+    """The ``i``-th 64-bit half of a 16-byte address (network order)."""
+    return F.conv(F.hex(F.substring(address, 8 * i + 1, 8)), 16, -10).cast("bigint")
 
 
 def decoded(stream: str, label: str, key: Column) -> dict[str, list[Column]]:
@@ -240,7 +258,7 @@ def answer_frame(merged: DataFrame, query: Query, slot: int, labels: Iterable[st
     one. ``labels``: the node layouts the rows may have; ``dictionary``: (code, text) of the
     text codes, when the query groups by one; ``ranked``: ``RANK`` even without ORDER BY (the
     key columns' order)."""
-    if query.join is not None or not compiles(query):
+    if query.join is not None or query.is_selection or not compiles(query):
         raise NotCompiled(f"query {query.name}: a join or a selection")
     cat = fields(query.stream)
     rows = node_rows(merged, query, slot, labels)
@@ -277,12 +295,37 @@ def answer_frame(merged: DataFrame, query: Query, slot: int, labels: Iterable[st
     return _finished(out, query, ranked)
 
 
+def selection_frame(tuples: DataFrame, query: Query, slot: int) -> DataFrame:
+    """The answer of selection ``query`` (slot ``slot``) from its folder's tuples: those whose
+    ``qmask`` holds its bit (a shorter mask, of an older plan, does not), projected to its
+    outputs (addresses as text, bytes as lower-case hex) and ``_ts``, the tuple's time:
+    ``answers.answer_schema``'s columns."""
+    from collector.spark.answers import answer_schema, spark_type
+    cat = fields(query.stream)
+    word = F.get(F.col("qmask"), slot // 64)  # NULL past the mask's end
+    mine = tuples.where(F.shiftright(word, slot % 64).bitwiseAND(F.lit(1)) == 1)
+    cols, addresses = [], []
+    for o in query.outputs:
+        kind, c = cat[o.field].kind, F.col(o.field)
+        if kind == IP:
+            cols += [_half(c, 0).alias(f"_{o.name}_hi"), _half(c, 1).alias(f"_{o.name}_lo")]
+            addresses.append(o.name)
+        else:
+            cols.append((F.lower(F.hex(c)) if kind == BYTES else c).alias(o.name))
+    ts = next(f.name for f in cat.values() if f.kind == TS)  # packets: ts; flows: first_switched
+    out = mine.select(*cols, F.col(ts).alias("_ts"))
+    for name in addresses:
+        out = with_address_text(out, name, f"_{name}_hi", f"_{name}_lo")
+    return out.select(*(F.col(f"`{f.name}`").cast(spark_type(f.type)).alias(f.name)
+                        for f in answer_schema(query)))
+
+
 def plain(query: Query) -> bool:
     """Whether ``shared_frame`` answers ``query``: an aggregate without distinct counts, sketches,
     ORDER BY, LIMIT or a join, whose HAVING compares numbers (aggregates, the bucket, integer
     keys). The others are answered one by one (``answer_frame``, ``join_frame``)."""
-    if query.join is not None or not compiles(query) or query.distinct or query.approx \
-            or query.order or query.limit is not None:
+    if query.join is not None or query.is_selection or not compiles(query) or query.distinct \
+            or query.approx or query.order or query.limit is not None:
         return False
     cat = fields(query.stream)
     kinds = {o.name: cat[key_field(o.field)[0]].kind for o in query.outputs if o.kind == "key"}

@@ -380,11 +380,11 @@ ANSWER_GROUP_BYTES = 64 << 20
 
 
 def compiled(folder: Folder) -> bool:
-    """Whether Spark's engine answers every query of ``folder`` (``compiled_answers``): not
-    a selection folder, and no output named as the job's own columns."""
+    """Whether Spark's engine answers every query of ``folder`` (``compiled_answers``): no
+    output named as the job's own columns."""
     from collector.spark.answers import answer_schema
     from collector.spark.compile import RANK, SLOT, compiles
-    return folder.folder != "select" and all(
+    return all(
         compiles(q) and not {QUERY, RANK, SLOT} & set(answer_schema(q).names)
         for q in folder.answers)
 
@@ -413,14 +413,17 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
         join_frame,
         key_columns,
         plain,
+        selection_frame,
         shared_frame,
     )
     from collector.spark.write import promote, stage_dir
     if reuse:
         rows = rows.persist()
     try:
-        labels = [r["node"] for r in rows.select("node").distinct().collect() if r["node"]]
-        texts = dictionary_frame(rows.sparkSession, folder)
+        tuples = folder.folder == "select"  # a selection folder's tuples, not partial rows
+        labels = [] if tuples else [
+            r["node"] for r in rows.select("node").distinct().collect() if r["node"]]
+        texts = None if tuples else dictionary_frame(rows.sparkSession, folder)
         slots = {q.name: s for s, q in folder.slots}
         frames, seen, observed = [], {}, {}
         tag = f"flowsieve_{folder.stream}_{folder.folder}_{job}"
@@ -458,13 +461,19 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
             for s, q in together:
                 observed[q.name] = (obs, s)
         for i, q in enumerate(alone):
-            ranked = not in_order[q.name]
-            frame = join_frame(rows, q, slots, labels, texts, ranked) if q.join is not None \
-                else answer_frame(rows, q, slots[q.name], labels, texts, ranked)
             obs = Observation(f"{tag}_{i}")
-            frame = frame.observe(obs, F.count(F.lit(1)).alias("rows"),
-                                  F.max("window_start").alias("newest"),
-                                  F.approx_count_distinct("window_start", 0.01).alias("windows"))
+            if q.is_selection:  # its tuples, in time order; no window
+                frame = selection_frame(rows, q, slots[q.name]).observe(
+                    obs, F.count(F.lit(1)).alias("rows"))
+            else:
+                ranked = not in_order[q.name]
+                frame = join_frame(rows, q, slots, labels, texts, ranked) \
+                    if q.join is not None \
+                    else answer_frame(rows, q, slots[q.name], labels, texts, ranked)
+                frame = frame.observe(obs, F.count(F.lit(1)).alias("rows"),
+                                      F.max("window_start").alias("newest"),
+                                      F.approx_count_distinct("window_start", 0.01)
+                                      .alias("windows"))
             observed[q.name] = (obs, None)
             renamed = []
             for name, kind in frame.dtypes:
@@ -476,11 +485,10 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
                 renamed.append(F.lit(None).cast("int").alias(RANK))
             frames.append(frame.select(*renamed, F.lit(q.name).alias(QUERY)))
         union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
+        order = [QUERY, "_ts"] if tuples else [QUERY, "window_start", RANK, *(
+            F.col(f"`{n}`").asc_nulls_last() for c in keys for n in written_as.get(c, ()))]
         out = (union.repartition(max(1, min(len(folder.answers), partitions)), QUERY)
-               .sortWithinPartitions(QUERY, "window_start", RANK,
-                                     *(F.col(f"`{n}`").asc_nulls_last()
-                                       for c in keys for n in written_as.get(c, ())))
-               .drop(RANK))
+               .sortWithinPartitions(*order).drop(RANK))
         rows.sparkSession.sparkContext.setJobDescription(
             f"flowsieve answers {folder.stream}/{folder.folder} (Spark SQL)")
         (out.write.mode("overwrite").partitionBy(QUERY)

@@ -167,9 +167,16 @@ def test_replay_corrupt_capture_answers_what_was_read(tmp_path):
     assert [json.loads(line) for line in out.stdout.splitlines()] == want
 
 
-def test_replay_selection_topn_and_regexp(spark, tmp_path):
+def engine_settings(engine: str) -> Settings:
+    """The embedded settings with Spark's answers computed by ``engine`` (spark.answer_engine)."""
+    return Settings(spark={"answer_engine": engine})
+
+
+@pytest.mark.parametrize("engine", ["python", "sql"])
+def test_replay_selection_topn_and_regexp(spark, tmp_path, engine):
     """Selection, HAVING + ORDER BY … LIMIT per window, avg/min/max and a regexp residual,
-    against dpkt (fields) and scapy (wire lengths) on wikipedia.pcap (one minute)."""
+    against dpkt (fields) and scapy (wire lengths) on wikipedia.pcap (one minute), whichever
+    engine answers."""
     path = capture("wikipedia.pcap")
     queries = parse_queries("""
 -- name: dns_sel
@@ -182,7 +189,7 @@ HAVING count(*) >= 2 ORDER BY n DESC LIMIT 3;
 -- name: wiki_names
 SELECT time/60 AS t, count(*) AS n FROM packets WHERE regexp(dns_qname, 'wiki') GROUP BY time/60
 """)
-    res = replay(path, queries, tmp_path, spark)
+    res = replay(path, queries, tmp_path, spark, settings=engine_settings(engine))
     answers = {q.name: rows_of(q, t) for q, t in res.answers}
     wirelens = [meta.wirelen for _, meta in RawPcapReader(str(path))]
     pkts = packets(path)
@@ -209,9 +216,11 @@ SELECT time/60 AS t, count(*) AS n FROM packets WHERE regexp(dns_qname, 'wiki') 
 
 
 @pytest.mark.slow
-def test_replay_flows_equals_nfdump(spark, tmp_path):
+@pytest.mark.parametrize("engine", ["python", "sql"])
+def test_replay_flows_equals_nfdump(spark, tmp_path, engine):
     """Queries FROM flows over softflowd's IPFIX export of ok.pcap: per (minute, protocol) the
-    records, packets and bytes equal nfcapd's flows of the same export (its CSV)."""
+    records, packets and bytes equal nfcapd's flows of the same export (its CSV), whichever
+    engine answers."""
     import csv
     import datetime as dt
 
@@ -223,7 +232,8 @@ def test_replay_flows_equals_nfdump(spark, tmp_path):
         "sum(packets) AS pkts, sum(est_bytes) AS bytes FROM flows GROUP BY time/60, protocol;\n"
         "-- name: tcp443\nSELECT src_ip, dst_ip, bytes FROM flows WHERE protocol = 6 AND "
         "src_port = 443;\n")
-    res = replay(flow_data(f"{base}-export.pcap"), queries, tmp_path, spark)
+    res = replay(flow_data(f"{base}-export.pcap"), queries, tmp_path, spark,
+                 settings=engine_settings(engine))
     assert res.error is None
     want: dict = {}
     want443 = []

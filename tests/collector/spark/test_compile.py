@@ -25,6 +25,7 @@ from collector.spark.compile import (
     compiles,
     join_frame,
     plain,
+    selection_frame,
     shared_frame,
     with_address_text,
 )
@@ -194,6 +195,40 @@ def test_the_answer_plan_holds_no_python_node(merged):
         for name, frame in compiled(rows, folder, labels).items():
             plan = frame._jdf.queryExecution().executedPlan().toString()
             assert not [n for n in PYTHON_NODES if n in plan], (name, plan)
+
+
+SELECTIONS = [q for q in parse_queries(PACKET_QUERIES) if q.is_selection] + parse_queries("""
+-- name: v6_sel
+SELECT ts, src_ip, dst_ip, ip_len, dns_qname FROM packets WHERE ip_version = 6;
+""")
+
+
+def test_selections_equal_the_python_derivation(spark, tmp_path):
+    """Each selection's tuples (addresses of both families as text, a payload as hex, names,
+    the tuple's time) from the select folder's spool, as the Python derivation gives them, by
+    a plan with no Python node."""
+    plan = build_plan(SELECTIONS, **Settings(initial_queries=None).plan_options())
+    spool = Spool(tmp_path / "spool")
+    for name in CAPTURES:
+        engine = Engine(spool, "packets", watermark_delay_s=1)
+        engine.set_plan(plan)
+        for raw in open_capture(capture(name), batch_size=256):
+            engine.process(raw)
+        engine.finish()
+    folder = Folder("packets", "select", tuple(sorted(
+        (qp.slot, qp.query) for qp in plan.queries if qp.query.folder == "select")))
+    tuples = spark.read.schema(spark_ddl(schema_for("packets", "select"))).parquet(
+        str(tmp_path / "spool" / "packets" / "select"))
+    want = answer_locally(tuples.toArrow(), folder)
+    for slot, q in folder.slots:
+        assert compiles(q), q.name
+        frame = selection_frame(tuples, q, slot)
+        plan_text = frame._jdf.queryExecution().executedPlan().toString()
+        assert not [n for n in PYTHON_NODES if n in plan_text], plan_text
+        got, expected = frame.toArrow(), want.get(q.name)
+        assert expected is not None and expected.num_rows, f"{q.name}: no rows to compare"
+        assert got.schema == expected.schema, q.name
+        assert _rows(got) == _rows(expected), q.name
 
 
 def _drawn_addresses(n: int) -> list[bytes]:

@@ -37,9 +37,10 @@ def wait_for(cond, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def spooled(tmp_path, path, fmt: str = "parquet"):
-    """ok.pcap's example queries through one engine into a spool; the plan."""
-    queries = parse_queries(open(data_file("example.sql")).read())
+def spooled(tmp_path, path, fmt: str = "parquet", extra: str = ""):
+    """ok.pcap's example queries (and ``extra`` ones) through one engine into a spool; the
+    plan."""
+    queries = parse_queries(open(data_file("example.sql")).read() + extra)
     plan = build_plan(queries, **Settings(initial_queries=None).plan_options())
     spool = Spool(tmp_path / "spool", format=fmt)
     engine = Engine(spool, "packets", watermark_delay_s=1)
@@ -215,18 +216,27 @@ def test_a_batch_run_again_replaces_its_windows_answers(spark, tmp_path, engine)
 
 def test_the_streaming_job_answers_in_spark_s_engine_as_dpkt_does(spark, tmp_path):
     """``spark.answer_engine: sql``: the daemon's streaming query (foreachBatch) answers
-    with Spark's engine and writer, each window once, equal to dpkt's; the parts are Spark's
-    Parquet files and the metrics count what they hold."""
+    with Spark's engine and writer, each window once, equal to dpkt's, and a selection's
+    tuples in time order; the parts are Spark's Parquet files and the metrics count what
+    they hold."""
     import pyarrow.parquet as pq
+
+    from tests.reference import fields_of
     path, recs = spread(tmp_path, "ok.pcap", 0.5)
-    plan, _ = spooled(tmp_path, path)
+    plan, _ = spooled(tmp_path, path, extra="\n-- name: udp_sel\nSELECT ts, src_ip, dst_port "
+                      "FROM packets WHERE protocol = 17;\n")
     slots = {qp.slot: qp.query for qp in plan.queries}
     metrics = Metrics()
     job = SparkJob(spark, tmp_path / "spool", tmp_path / "results", tmp_path / "ck",
                    lambda: slots, 1, metrics, answer_engine="sql")
     job.run_available_now([(s, f) for s in plan.streams() for f in plan.folders(s)])
     pairs = [(qp.query, read_results(tmp_path / "results", qp.query)) for qp in plan.queries]
-    assert answers_of(pairs) == reference(recs)
+    sel = next(t for q, t in pairs if q.name == "udp_sel")
+    udp = [fields_of(ts, buf, 1) for ts, buf, _ in recs]
+    want = [(p["src_ip"], p["dst_port"]) for p in udp if p["protocol"] == 17]
+    assert want and list(zip(sel["src_ip"].to_pylist(), sel["dst_port"].to_pylist(),
+                             strict=True)) == want
+    assert answers_of([(q, t) for q, t in pairs if q.name != "udp_sel"]) == reference(recs)
     parts = list((tmp_path / "results").glob("query=*/part-*.parquet"))
     assert parts and all(b"org.apache.spark.version" in pq.read_metadata(f).metadata
                          for f in parts)
