@@ -321,11 +321,12 @@ def selection_frame(tuples: DataFrame, query: Query, slot: int) -> DataFrame:
 
 
 def plain(query: Query) -> bool:
-    """Whether ``shared_frame`` answers ``query``: an aggregate without distinct counts, sketches,
-    ORDER BY, LIMIT or a join, whose HAVING compares numbers (aggregates, the bucket, integer
-    keys). The others are answered one by one (``answer_frame``, ``join_frame``)."""
+    """Whether ``shared_frame`` answers ``query``: an aggregate without distinct counts,
+    sketches or a join, whose HAVING compares numbers (aggregates, the bucket, integer keys);
+    ORDER BY … LIMIT ranks it there. The others are answered one by one (``answer_frame``,
+    ``join_frame``)."""
     if query.join is not None or query.is_selection or not compiles(query) or query.distinct \
-            or query.approx or query.order or query.limit is not None:
+            or query.approx:
         return False
     cat = fields(query.stream)
     kinds = {o.name: cat[key_field(o.field)[0]].kind for o in query.outputs if o.kind == "key"}
@@ -355,7 +356,8 @@ def _case(by_slot: dict[int, Column], every: Collection[int]) -> Column:
 
 
 def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: Iterable[str],
-                 dictionary: DataFrame | None, seen: dict[str, str]
+                 dictionary: DataFrame | None, seen: dict[str, str],
+                 ranked: Collection[int] = ()
                  ) -> tuple[DataFrame, dict[int, dict[str, str]]] | None:
     """The answers of the ``plain`` queries (slot, query) of one folder in one pass over its
     merged rows, with one aggregation: each row goes out once per slot its query-bit pattern
@@ -364,8 +366,10 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
     decoded, the outputs computed per slot, and HAVING kept per slot. An output's column is
     shared by every query that has it with one type; with another type it is
     ``<name>__<type>`` (``seen``: name -> the Spark type that keeps the bare name, updated).
-    The frame's columns: ``SLOT``, ``window_start``, the outputs; and each slot's column
-    names by output name. None when no node layout of ``labels`` holds a slot of them."""
+    The frame's columns: ``SLOT``, ``window_start``, the outputs and ``RANK``: a row's place in
+    its window in its query's order (``order_columns``), for the queries with ORDER BY or
+    LIMIT (LIMIT applied) and the slots in ``ranked``, else NULL; and each slot's column names
+    by output name. None when no node layout of ``labels`` holds a slot of them."""
     from collector.spark.answers import answer_schema, spark_type
     if not queries:
         return None
@@ -500,7 +504,36 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
     out = frame.select(F.col(SLOT), F.col("window_start"),
                        *(_case(by_slot, every).alias(name)
                          for name, by_slot in columns.items()))
-    return out, names
+    return _ranked_slots(out, queries, names, ranked), names
+
+
+def _ranked_slots(frame: DataFrame, queries: list[tuple[int, Query]],
+                  names: dict[int, dict[str, str]], ranked: Collection[int]) -> DataFrame:
+    """``shared_frame``'s rows with ``RANK`` for the slots ranked (ORDER BY, LIMIT or in
+    ``ranked``), each by its query's order in one window function: the i-th term of a slot's
+    order is a column of its own per (i, output column, direction), NULL on the other slots'
+    rows (a window's rows are all one slot's: the others' terms tie); LIMIT kept per slot."""
+    order = {s: q for s, q in queries if q.order or q.limit is not None or s in ranked}
+    if not order:
+        return frame.withColumn(RANK, F.lit(None).cast("int"))
+    terms: dict[tuple[int, str, bool], list[int]] = {}
+    for s, q in order.items():
+        by = dict(q.order)
+        items = [*q.order, *((c, False) for c in key_columns(q) if c not in by)]
+        for i, (c, desc) in enumerate(items):
+            terms.setdefault((i, names[s][c], desc), []).append(s)
+    cols = []
+    for (_, name, desc), slots in sorted(terms.items(), key=lambda t: t[0][0]):
+        c = F.when(F.col(SLOT).isin(slots), F.col(f"`{name}`"))
+        cols.append(c.desc_nulls_last() if desc else c.asc_nulls_last())
+    rank = F.row_number().over(Window.partitionBy(SLOT, "window_start").orderBy(*cols))
+    out = frame.withColumn(RANK, F.when(F.col(SLOT).isin(list(order)), rank))
+    past = None  # a row past its query's LIMIT
+    for s, q in order.items():
+        if q.limit is not None:
+            c = (F.col(SLOT) == s) & (F.col(RANK) > q.limit)
+            past = c if past is None else past | c
+    return out if past is None else out.where(~past)
 
 
 RANK = "_rank"  # a row's place in its window, in the query's order (ORDER BY queries)

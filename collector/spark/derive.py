@@ -435,8 +435,10 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
             keys += [c for c in key_columns(q) if c not in keys]
         in_order = {q.name: sorted(keys.index(c) for c in key_columns(q)) ==
                     [keys.index(c) for c in key_columns(q)] for q in folder.answers}
-        together = [(slots[q.name], q) for q in folder.answers if plain(q) and in_order[q.name]]
-        shared = shared_frame(rows, together, labels, texts, seen)
+        # a query whose keys come in another order than the folder's is ranked by its own
+        together = [(slots[q.name], q) for q in folder.answers if plain(q)]
+        shared = shared_frame(rows, together, labels, texts, seen, ranked=[
+            s for s, q in together if not in_order[q.name]])
         if shared is None:
             together = []
         alone = [q for q in folder.answers if all(q is not t for _, t in together)]
@@ -456,7 +458,6 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
                                     for s, _ in together))
             name = F.create_map(*(c for s, q in together for c in (F.lit(s), F.lit(q.name))))
             frames.append(frame.select(*(F.col(f"`{c}`") for c in frame.columns if c != SLOT),
-                                       F.lit(None).cast("int").alias(RANK),
                                        name[F.col(SLOT)].alias(QUERY)))
             for s, q in together:
                 observed[q.name] = (obs, s)

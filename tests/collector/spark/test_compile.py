@@ -161,9 +161,11 @@ def test_every_aggregate_class_equals_the_python_derivation(merged):
 
 
 def test_the_plain_queries_answered_together_equal_the_python_derivation(merged):
-    """A folder's plain aggregates (no distinct count, sketch, order or join) in one pass and
-    one aggregation (``shared_frame``): each slot's rows, in its own columns, equal Python's;
-    a name two queries have with two types is ``<name>__<type>`` for the second."""
+    """A folder's plain aggregates (no distinct count, sketch or join) in one pass and one
+    aggregation (``shared_frame``): each slot's rows, in its own columns, equal Python's, a
+    window's rows of an ORDER BY … LIMIT query in its order (ranked in one window function
+    for every such query); a name two queries have with two types is ``<name>__<type>`` for
+    the second."""
     names = set()
     for rows, table, folder, labels in merged:
         slots = {q.name: s for s, q in folder.slots}
@@ -177,17 +179,26 @@ def test_the_plain_queries_answered_together_equal_the_python_derivation(merged)
         assert not [n for n in PYTHON_NODES if n in plan], plan
         got = frame.toArrow()
         for s, q in together:
-            mine = got.filter(pc.equal(got[SLOT], s))
-            mine = pa.table({name: mine[columns[s].get(name, name)]
+            rows_of_slot = got.filter(pc.equal(got[SLOT], s))
+            mine = pa.table({name: rows_of_slot[columns[s].get(name, name)]
                              for name in want[q.name].column_names})
             expected = want[q.name]
             assert expected.num_rows, f"{q.name}: no rows to compare"
             assert mine.schema == expected.schema, q.name
             assert _rows(mine) == _rows(expected), q.name
+            if q.order or q.limit is not None:  # a window's rows in the query's order
+                assert rows_of_slot[RANK].null_count == 0, q.name
+                at = pc.sort_indices(rows_of_slot, [("window_start", "ascending"),
+                                                    (RANK, "ascending")])
+                assert mine.take(at).to_pylist() == expected.sort_by(
+                    "window_start").to_pylist(), q.name
+            else:
+                assert rows_of_slot[RANK].null_count == rows_of_slot.num_rows, q.name
             names.add(q.name)
         if {"port_as_n", "busy_hosts"} <= {q.name for _, q in together}:
             assert "n__int" in frame.columns, frame.columns
-    assert {"busy_hosts", "udp_pairs", "port_as_n", "nets6", "nets48", "names"} <= names, names
+    assert {"busy_hosts", "udp_pairs", "port_as_n", "nets6", "nets48", "names", "top_pairs",
+            "ports"} <= names, names
 
 
 def test_the_answer_plan_holds_no_python_node(merged):
