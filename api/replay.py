@@ -207,15 +207,15 @@ def _read_in_parallel(capture, ranges: list[tuple[int, int]], plan: Plan, settin
     return DecodeError(errors[0].pop("reason"), **errors[0]) if errors else None
 
 
-def _warm_up(spark) -> threading.Thread:
-    """Spark's first answer job warms up (class loading, code generation, its Python workers'
-    imports) on the second core while ``replay`` measures, plans and reads the capture; a
-    failure here is left to the real job to report."""
+def _warm_up(spark, answer_engine: str) -> threading.Thread:
+    """Spark's first answer job of ``answer_engine`` warms up (class loading, code generation,
+    the Python engine's workers' imports) on the second core while ``replay`` measures, plans
+    and reads the capture; a failure here is left to the real job to report."""
     from collector.spark.merge import warm_up
 
     def run() -> None:
         try:
-            warm_up(spark.result() if isinstance(spark, Future) else spark)
+            warm_up(spark.result() if isinstance(spark, Future) else spark, answer_engine)
         except Exception:  # noqa: BLE001, S110 - the real job reports Spark's failures
             pass
     t = threading.Thread(target=run, name="spark-warm-up", daemon=True)
@@ -262,8 +262,9 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     plan = build_plan(queries, **replay_plan_options(settings))
     # Spark's first job warms up from here on, on the core that measuring and planning leave
     # idle, when reading the capture takes long enough to hide it
-    warming = _warm_up(spark) if settings.spool.format == "parquet" and \
-        os.path.getsize(capture) >= WARM_UP_BYTES else None
+    warming = _warm_up(spark, settings.spark.answer_engine) \
+        if settings.spool.format == "parquet" and os.path.getsize(capture) >= WARM_UP_BYTES \
+        else None
     if settings.planner.measure_tuples:
         report("measuring", 0)
         plan = measured_plan(capture, queries, plan, spool, settings, flow_ports, sflow_ports)

@@ -6,7 +6,9 @@ running the queries the control plane publishes there. Every whole window's answ
 ``local[*]`` replay of the two captures merged; both workers ran executors, the answer jobs'
 tasks ran on both (Spark's event log) and wrote the results files; a query deleted at
 the control plane gives its slot back once both probes run without it; a probe refuses to
-register queries, and a daemon refuses to start under a probe name in use."""
+register queries, and a daemon refuses to start under a probe name in use. With Spark's engine
+answering (``spark.answer_engine: sql``) the executors need no flowsieve, numba, pandas,
+pyarrow or pyspark: a daemon answers through executors whose Python has none of them."""
 
 from __future__ import annotations
 
@@ -148,9 +150,10 @@ class Cluster:
         return [w for w in state.get("workers", []) if w["state"] == "ALIVE"]
 
     def control_yaml(self, port: int, results, checkpoints, events, spool=None,
-                     driver_memory: str = "1g") -> str:
+                     driver_memory: str = "1g", engine: str = "python") -> str:
         """A control plane's configuration up to its queries and sources: this cluster, an
-        executor on each worker, Spark's event log in ``events``."""
+        executor on each worker, Spark's event log in ``events``, the answers computed by
+        ``engine`` (spark.answer_engine)."""
         h = self.host
         spool_line = f"spool: {{path: {spool}}}\n" if spool is not None else ""
         return f"""
@@ -161,6 +164,7 @@ api: {{host: 127.0.0.1, port: {port}}}
 spark:
   master: spark://{h}:{self.master_port}
   driver_memory: {driver_memory}
+  answer_engine: {engine}
   shuffle_partitions: 2
   trigger_s: 1
   watermark_delay_s: {2 * PERIOD}
@@ -347,6 +351,80 @@ sources:
     merge_pcaps([tmp_path / "a.pcap", tmp_path / "b.pcap"], tmp_path / "both.pcap")
     queries = [parse_single(sql, name) for name, sql in QUERIES.items()]
     res = replay(tmp_path / "both.pcap", queries, tmp_path / "replay", spark,
+                 settings=Settings(initial_queries=None, planner={"measure_tuples": 0}))
+    assert res.error is None
+    truth = {q.name: rows_of(q, t) for q, t in res.answers}
+    for name, (rows, before) in got.items():
+        want = whole_windows(truth[name], since, before)
+        assert whole_windows(rows, since, before) == want, name
+        assert want  # not vacuous
+
+
+def bare_python(where) -> str:
+    """A Python of this version with none of flowsieve, numba, pandas, pyarrow or pyspark (a
+    virtual environment without the system's packages): the executors' Python of a cluster
+    that flowsieve was never installed on."""
+    home = where / "bare"
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv",
+                    "--without-pip", str(home)], check=True, timeout=120)
+    python = str(home / "bin" / "python")
+    found = subprocess.run(
+        [python, "-c", "import importlib.util as u; print([m for m in ('collector', 'numba', "
+         "'pandas', 'pyarrow', 'pyspark') if u.find_spec(m)])"],
+        cwd=where, capture_output=True, text=True, timeout=60, env={"PATH": os.defpath})
+    assert found.stdout.strip() == "[]", (found.stdout, found.stderr)
+    return python
+
+
+SQL_QUERIES = {
+    **QUERIES,
+    "top_dst": "SELECT time/5 AS t, dst_ip, count(*) AS n FROM packets GROUP BY time/5, dst_ip "
+               "ORDER BY n DESC LIMIT 3",
+    "tcp_srcs": "SELECT time/5 AS t, dst_port, count(DISTINCT src_ip) AS s FROM packets "
+                "WHERE protocol = 6 GROUP BY time/5, dst_port",
+}
+
+
+def test_spark_s_engine_answers_on_workers_without_flowsieve(tmp_path, cluster, spark):
+    """``spark.answer_engine: sql`` on the cluster, its executors' Python one with no
+    flowsieve, numba, pandas, pyarrow or pyspark (a Python task there could not even start):
+    a daemon following a growing capture answers plain, ranked and distinct-count queries on
+    both workers, every whole window equal to a ``local[*]`` replay of the capture."""
+    python = bare_python(tmp_path)
+    results, checkpoints, events = tmp_path / "results", tmp_path / "ck", tmp_path / "events"
+    events.mkdir()
+    port = free_port()
+    (tmp_path / "control.yaml").write_text(cluster.control_yaml(
+        port, results, checkpoints, events, tmp_path / "spool", engine="sql") + f"""
+initial_queries: null
+sources:
+  - {{type: pcap, name: traffic, path: {tmp_path / 'a.pcap'}, follow: true}}
+""")
+    feeder = Feeder(tmp_path / "a.pcap", per_tick=20)
+    control = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+    try:
+        cluster.start("control", cluster.run_cmd, {
+            "CONFIG": str(tmp_path / "control.yaml"), "SPARK_LOCAL_IP": cluster.host,
+            "PYSPARK_PYTHON": python})
+        wait_for(lambda: control.get("/healthz").status_code == 200, 240, "the API")
+        for name, sql in SQL_QUERIES.items():
+            r = control.post("/queries", json={"name": name, "sql": sql})
+            assert r.status_code == 201, r.text
+        since = time.time()
+        feeder.start()
+        target = (int(since) // PERIOD + 4) * PERIOD  # three whole windows answered
+        wait_for(lambda: (answers(control, "all5s")[1] or 0) >= target, 300,
+                 f"windows before {target} answered")
+        got = {n: answers(control, n) for n in SQL_QUERIES}
+    finally:
+        feeder.stop.set()
+        control.close()
+        cluster.stop_daemons()
+    hosts = answer_task_hosts(events)
+    assert set(hosts.values()) == {cluster.host, cluster.peer}, hosts
+    assert list(results.glob("query=*/part-*.parquet"))
+    queries = [parse_single(sql, name) for name, sql in SQL_QUERIES.items()]
+    res = replay(tmp_path / "a.pcap", queries, tmp_path / "replay", spark,
                  settings=Settings(initial_queries=None, planner={"measure_tuples": 0}))
     assert res.error is None
     truth = {q.name: rows_of(q, t) for q, t in res.answers}

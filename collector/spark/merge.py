@@ -393,15 +393,15 @@ class SparkJob:
 
 WARM_UP_SQL = ("SELECT time/60 AS t, src_ip, count(*) AS n, sum(wirelen) AS b FROM packets "
                "GROUP BY time/60, src_ip")
-_warmed: set[str] = set()  # the Spark applications warm_up has run in
+_warmed: set[tuple[str, str]] = set()  # the (Spark application, engine) warm_up has run
 
 
-def warm_up(spark: SparkSession) -> None:
-    """Run the answer job once on one partial row of a small query (into a folder thrown
-    away), so that the JVM has loaded and code-generated what answer jobs need and Spark's
-    Python workers have imported what they run (``replay`` does this while it reads). Once per
-    JVM: a second replay through the same session (the telemetry bench's warm pass) finds it
-    done."""
+def warm_up(spark: SparkSession, answer_engine: str = "python") -> None:
+    """Run the answer job of ``answer_engine`` once on one partial row of a small query (into
+    a folder thrown away), so that the JVM has loaded and code-generated what answer jobs need
+    and Spark's Python workers have imported what they run (the Python engine's; ``replay``
+    does this while it reads). Once per JVM and engine: a second replay through the same
+    session (the telemetry bench's warm pass) finds it done."""
     import tempfile
 
     import numpy as np
@@ -411,7 +411,7 @@ def warm_up(spark: SparkSession) -> None:
     from collector.keys import KeyLayout
     from collector.pipeline.spool import null_columns
     from planner.query import parse_single
-    app = spark.sparkContext.applicationId
+    app = (spark.sparkContext.applicationId, answer_engine)
     if app in _warmed:
         return
     q = parse_single(WARM_UP_SQL, "warm_up")
@@ -426,7 +426,8 @@ def warm_up(spark: SparkSession) -> None:
                "cnt": pa.array([1], pa.int64())}
         pq.write_table(pa.Table.from_arrays(null_columns(schema, 1, row), schema=schema),
                        spool / "0.parquet")
-        job = SparkJob(spark, Path(d), Path(d) / "results", Path(d) / "ck", lambda: {0: q})
+        job = SparkJob(spark, Path(d), Path(d) / "results", Path(d) / "ck", lambda: {0: q},
+                       answer_engine=answer_engine)
         rows = spark.read.schema(spark_ddl(schema)).parquet(str(spool))
         job._answer(rows, "packets", "60", "warm")
     _warmed.add(app)
