@@ -24,7 +24,7 @@ For an aggregate query at slot ``s`` the answer is:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, Window
@@ -140,18 +140,24 @@ def with_address_text(frame: DataFrame, column: str, hi: str, lo: str,
     ``bits``, a network (``a.b.c.0/24``, ``2001:db8::/64``). The steps are projections of
     their own, so that Spark generates a small method for each (one expression of them all
     outgrew the JVM's method size: no code generation)."""
+    return _address_text(column, hi, lo, bits)(frame)
+
+
+def _address_text(column: str, hi: str, lo: str, bits: int | None = None
+                  ) -> Callable[[DataFrame], DataFrame]:
+    """``with_address_text``'s steps, their expressions built once."""
     h, w = F.col(hi), F.col(lo)
     mapped = (h == 0) & (F.shiftright(w, 32) == 0xFFFF)
     quad = F.concat_ws(".", *(F.shiftright(w, s).bitwiseAND(F.lit(255)).cast("string")
                               for s in (24, 16, 8, 0)))
     pad = f"_{column}_padded"
-    frame = frame.withColumn(pad, F.when(h.isNotNull() & ~mapped, F.concat(
-        F.lit(":"), _v6_plain(h, w), F.lit(":"))))
+    padded = F.when(h.isNotNull() & ~mapped, F.concat(F.lit(":"), _v6_plain(h, w), F.lit(":")))
     text = F.when(mapped, quad).otherwise(_v6_compressed(F.col(pad)))
     if bits is not None:
         text = F.concat(text, F.when(mapped, F.lit(f"/{min(bits, 32)}"))
                         .otherwise(F.lit(f"/{min(bits, 128)}")))
-    return frame.withColumn(column, F.when(h.isNotNull(), text)).drop(pad)
+    text = F.when(h.isNotNull(), text)
+    return lambda frame: frame.withColumn(pad, padded).withColumn(column, text).drop(pad)
 
 
 def letters_text(code: Column) -> Column:
@@ -359,6 +365,16 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
                  dictionary: DataFrame | None, seen: dict[str, str],
                  ranked: Collection[int] = ()
                  ) -> tuple[DataFrame, dict[int, dict[str, str]]] | None:
+    """``shared_pass`` applied to ``merged`` at once (see there)."""
+    built = shared_pass(queries, labels, seen, ranked)
+    return None if built is None else (built[0](merged, dictionary), built[1])
+
+
+Pass = Callable[[DataFrame, "DataFrame | None"], DataFrame]  # (merged rows, dictionary) -> answers
+
+
+def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: dict[str, str],
+                ranked: Collection[int] = ()) -> tuple[Pass, dict[int, dict[str, str]]] | None:
     """The answers of the ``plain`` queries (slot, query) of one folder in one pass over its
     merged rows, with one aggregation: each row goes out once per slot its query-bit pattern
     holds, its key cut to that query's keys (bytes of the packed key, not decoded), and the
@@ -369,7 +385,10 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
     The frame's columns: ``SLOT``, ``window_start``, the outputs and ``RANK``: a row's place in
     its window in its query's order (``order_columns``), for the queries with ORDER BY or
     LIMIT (LIMIT applied) and the slots in ``ranked``, else NULL; and each slot's column names
-    by output name. None when no node layout of ``labels`` holds a slot of them."""
+    by output name. None when no node layout of ``labels`` holds a slot of them.
+
+    Its expressions are built once (hundreds of Py4J calls for 50 queries, seconds): what
+    ``shared_pass`` returns applies them to each batch's merged rows and dictionary."""
     from collector.spark.answers import answer_schema, spark_type
     if not queries:
         return None
@@ -392,7 +411,7 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
     for label, i in index.items():
         which = F.when(node == label, i) if which is None else which.when(node == label, i)
     words = max((lay.q_words for lay in layouts.values()), default=0)
-    bits = [_word(pattern, w).alias(f"_p{w}") for w in range(words)]
+    pattern_words = [_word(pattern, w).alias(f"_p{w}") for w in range(words)]
     slots, cuts, packed = [], {}, {}
     for s, q in queries:
         packed[s] = KeyLayout(stream, q.keys, 0)
@@ -433,16 +452,12 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
             cut_key = F.when(test, value) if cut_key is None else cut_key.when(test, value)
     measures = sorted({m for _, q in queries for m in q.measures})
     values = ["cnt", *(f"{a}_{m}" for m in measures for a in ("sum", "min", "max"))]
-    rows = merged.select("window_start", *values, "key", "node", pat.alias("_pat"))
-    slot_of = (rows.select("node", "_pat").distinct()
-               .select("node", "_pat", which.alias("_layout"))
-               .select("node", "_pat", "_layout", *bits)
-               .select("node", "_pat", "_layout", F.explode(F.array(*slots)).alias(SLOT))
-               .where(F.col(SLOT).isNotNull()))
-    fanned = (rows.join(F.broadcast(slot_of), ["node", "_pat"])
-              .select("window_start", *values, SLOT, cut_key.alias("_key")))
-    rolled = fanned.groupBy("window_start", SLOT, "_key").agg(*rollup(measures))
     every = [s for s, _ in queries]
+    rolled_up = rollup(measures)
+    with_pat = [F.col(c) for c in ("window_start", *values, "key", "node")] + [pat.alias("_pat")]
+    layout_of = which.alias("_layout")
+    slot_list = F.explode(F.array(*slots)).alias(SLOT)
+    cut_as = cut_key.alias("_key")
     # 3. each slot's outputs: numbers at once, addresses and text codes by staging columns
     epoch = F.unix_seconds("window_start")
     numbers: dict[int, dict[str, Column]] = {}
@@ -466,7 +481,9 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
         keep = {s: F.coalesce(reduce(lambda a, b: a & b, [
             getattr(numbers[s][c.column], _OPS[c.op])(F.lit(c.value)) for c in q.having]),
             F.lit(False)) if q.having else F.lit(True) for s, q in queries}
-        rolled = rolled.where(_case(keep, every))
+        having = _case(keep, every)
+    else:
+        having = None
     staged = [F.col(SLOT), F.col("window_start"), F.col("_key"), *(F.col(v) for v in values)]
     as_text: dict[tuple[str, int | None], str] = {}  # (output, bits) -> its text column
     for i, ((name, bits), by_slot) in enumerate(addresses.items()):
@@ -475,11 +492,8 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
                    _case({s: hl[1] for s, hl in by_slot.items()}, every).alias(f"_a{i}_lo")]
     coded = {name: f"_c{i}" for i, name in enumerate(codes)}  # output -> its text column
     staged += [_case(by_slot, every).alias(coded[name]) for name, by_slot in codes.items()]
-    frame = rolled.select(*staged)
-    for (_, bits), column in as_text.items():
-        frame = with_address_text(frame, column, f"{column}_hi", f"{column}_lo", bits)
-    for column in coded.values():
-        frame = _texts(frame, column, dictionary)
+    texts = [_address_text(column, f"{column}_hi", f"{column}_lo", bits)
+             for (_, bits), column in as_text.items()]
     # 4. the outputs' columns, each the CASE of the slots that have it
     columns: dict[str, dict[int, Column]] = {}
     names: dict[int, dict[str, str]] = {}
@@ -501,21 +515,41 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
             as_ = f.name if seen.setdefault(f.name, kind) == kind else f"{f.name}__{kind}"
             names[s][f.name] = as_
             columns.setdefault(as_, {})[s] = mine[f.name].cast(kind)
-    out = frame.select(F.col(SLOT), F.col("window_start"),
-                       *(_case(by_slot, every).alias(name)
-                         for name, by_slot in columns.items()))
-    return _ranked_slots(out, queries, names, ranked), names
+    outputs = [F.col(SLOT), F.col("window_start"),
+               *(_case(by_slot, every).alias(name) for name, by_slot in columns.items())]
+    rank = _ranked_slots(queries, names, ranked)
+
+    def run(merged: DataFrame, dictionary: DataFrame | None) -> DataFrame:
+        rows = merged.select(*with_pat)
+        slot_of = (rows.select("node", "_pat").distinct()
+                   .select("node", "_pat", layout_of)
+                   .select("node", "_pat", "_layout", *pattern_words)
+                   .select("node", "_pat", "_layout", slot_list)
+                   .where(F.col(SLOT).isNotNull()))
+        rolled = (rows.join(F.broadcast(slot_of), ["node", "_pat"])
+                  .select("window_start", *values, SLOT, cut_as)
+                  .groupBy("window_start", SLOT, "_key").agg(*rolled_up))
+        if having is not None:
+            rolled = rolled.where(having)
+        frame = rolled.select(*staged)
+        for text in texts:
+            frame = text(frame)
+        for column in coded.values():
+            frame = _texts(frame, column, dictionary)
+        return rank(frame.select(*outputs))
+    return run, names
 
 
-def _ranked_slots(frame: DataFrame, queries: list[tuple[int, Query]],
-                  names: dict[int, dict[str, str]], ranked: Collection[int]) -> DataFrame:
+def _ranked_slots(queries: list[tuple[int, Query]], names: dict[int, dict[str, str]],
+                  ranked: Collection[int]) -> Callable[[DataFrame], DataFrame]:
     """``shared_frame``'s rows with ``RANK`` for the slots ranked (ORDER BY, LIMIT or in
     ``ranked``), each by its query's order in one window function: the i-th term of a slot's
     order is a column of its own per (i, output column, direction), NULL on the other slots'
     rows (a window's rows are all one slot's: the others' terms tie); LIMIT kept per slot."""
     order = {s: q for s, q in queries if q.order or q.limit is not None or s in ranked}
     if not order:
-        return frame.withColumn(RANK, F.lit(None).cast("int"))
+        unranked = F.lit(None).cast("int")
+        return lambda frame: frame.withColumn(RANK, unranked)
     terms: dict[tuple[int, str, bool], list[int]] = {}
     for s, q in order.items():
         by = dict(q.order)
@@ -526,14 +560,17 @@ def _ranked_slots(frame: DataFrame, queries: list[tuple[int, Query]],
     for (_, name, desc), slots in sorted(terms.items(), key=lambda t: t[0][0]):
         c = F.when(F.col(SLOT).isin(slots), F.col(f"`{name}`"))
         cols.append(c.desc_nulls_last() if desc else c.asc_nulls_last())
-    rank = F.row_number().over(Window.partitionBy(SLOT, "window_start").orderBy(*cols))
-    out = frame.withColumn(RANK, F.when(F.col(SLOT).isin(list(order)), rank))
+    rank = F.when(F.col(SLOT).isin(list(order)), F.row_number().over(
+        Window.partitionBy(SLOT, "window_start").orderBy(*cols)))
     past = None  # a row past its query's LIMIT
     for s, q in order.items():
         if q.limit is not None:
             c = (F.col(SLOT) == s) & (F.col(RANK) > q.limit)
             past = c if past is None else past | c
-    return out if past is None else out.where(~past)
+    if past is None:
+        return lambda frame: frame.withColumn(RANK, rank)
+    kept = ~past
+    return lambda frame: frame.withColumn(RANK, rank).where(kept)
 
 
 RANK = "_rank"  # a row's place in its window, in the query's order (ORDER BY queries)

@@ -414,7 +414,6 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
         key_columns,
         plain,
         selection_frame,
-        shared_frame,
     )
     from collector.spark.write import promote, stage_dir
     if reuse:
@@ -437,8 +436,9 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
                     [keys.index(c) for c in key_columns(q)] for q in folder.answers}
         # a query whose keys come in another order than the folder's is ranked by its own
         together = [(slots[q.name], q) for q in folder.answers if plain(q)]
-        shared = shared_frame(rows, together, labels, texts, seen, ranked=[
-            s for s, q in together if not in_order[q.name]])
+        built = _shared_pass(rows.sparkSession, folder, together, labels, seen,
+                             [s for s, q in together if not in_order[q.name]])
+        shared = None if built is None else (built[0](rows, texts), built[1])
         if shared is None:
             together = []
         alone = [q for q in folder.answers if all(q is not t for _, t in together)]
@@ -514,6 +514,31 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
         written.append({QUERY: name, "rows": rows_, "windows": windows,
                         "newest": int(newest.timestamp()) if newest is not None else 0})
     return written
+
+
+_PASSES: dict[tuple, tuple] = {}  # compile.shared_pass's recent results (a daemon's triggers)
+PASSES_KEPT = 16
+
+
+def _shared_pass(spark, folder: Folder, together: list[tuple[int, Query]], labels: list[str],
+                 seen: dict[str, str], ranked: list[int]):
+    """``compile.shared_pass`` of these queries and node layouts, built once per Spark
+    application: a daemon's next trigger of the same folder applies the same expressions to
+    its batch (building them for 50 queries took seconds of Py4J calls). ``seen`` is left as
+    the pass left it."""
+    from collector.spark.compile import shared_pass
+    key = (spark.sparkContext.applicationId, folder.stream, folder.folder,
+           tuple((s, q.name, q.text) for s, q in together), tuple(sorted(labels)),
+           tuple(ranked), tuple(sorted(seen.items())))
+    if key not in _PASSES:
+        after = dict(seen)
+        built = shared_pass(together, labels, after, ranked)
+        while len(_PASSES) >= PASSES_KEPT:
+            _PASSES.pop(next(iter(_PASSES)))
+        _PASSES[key] = (built, after)
+    built, after = _PASSES[key]
+    seen.update(after)
+    return built
 
 
 def dictionary_frame(spark, folder: Folder) -> DataFrame | None:
