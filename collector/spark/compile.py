@@ -365,12 +365,14 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
                  dictionary: DataFrame | None, seen: dict[str, str],
                  ranked: Collection[int] = ()
                  ) -> tuple[DataFrame, dict[int, dict[str, str]]] | None:
-    """``shared_pass`` applied to ``merged`` at once (see there)."""
+    """``shared_pass`` applied to ``merged`` at once (see there), in as many tasks as
+    queries."""
     built = shared_pass(queries, labels, seen, ranked)
-    return None if built is None else (built[0](merged, dictionary), built[1])
+    return None if built is None else (built[0](merged, dictionary, len(queries)), built[1])
 
 
-Pass = Callable[[DataFrame, "DataFrame | None"], DataFrame]  # (merged rows, dictionary) -> answers
+# (merged rows, dictionary, tasks) -> the answers
+Pass = Callable[[DataFrame, "DataFrame | None", int], DataFrame]
 
 
 def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: dict[str, str],
@@ -388,7 +390,10 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
     by output name. None when no node layout of ``labels`` holds a slot of them.
 
     Its expressions are built once (hundreds of Py4J calls for 50 queries, seconds): what
-    ``shared_pass`` returns applies them to each batch's merged rows and dictionary."""
+    ``shared_pass`` returns applies them to each batch's merged rows and dictionary, in a
+    number of tasks. The rows are shuffled once, by slot: the aggregation, the ranking and
+    the writer find each query's rows in one task (a shuffle by key, then by window, then by
+    query cost two more)."""
     from collector.spark.answers import answer_schema, spark_type
     if not queries:
         return None
@@ -519,7 +524,7 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
                *(_case(by_slot, every).alias(name) for name, by_slot in columns.items())]
     rank = _ranked_slots(queries, names, ranked)
 
-    def run(merged: DataFrame, dictionary: DataFrame | None) -> DataFrame:
+    def run(merged: DataFrame, dictionary: DataFrame | None, tasks: int) -> DataFrame:
         rows = merged.select(*with_pat)
         slot_of = (rows.select("node", "_pat").distinct()
                    .select("node", "_pat", layout_of)
@@ -528,6 +533,7 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
                    .where(F.col(SLOT).isNotNull()))
         rolled = (rows.join(F.broadcast(slot_of), ["node", "_pat"])
                   .select("window_start", *values, SLOT, cut_as)
+                  .repartition(max(1, tasks), SLOT)
                   .groupBy("window_start", SLOT, "_key").agg(*rolled_up))
         if having is not None:
             rolled = rolled.where(having)

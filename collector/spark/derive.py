@@ -438,7 +438,10 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
         together = [(slots[q.name], q) for q in folder.answers if plain(q)]
         built = _shared_pass(rows.sparkSession, folder, together, labels, seen,
                              [s for s, q in together if not in_order[q.name]])
-        shared = None if built is None else (built[0](rows, texts), built[1])
+        # each query's rows in one task (its part one file), the shared pass's in as many
+        # tasks as its queries allow
+        shared = None if built is None else (
+            built[0](rows, texts, min(len(together), partitions)), built[1])
         if shared is None:
             together = []
         alone = [q for q in folder.answers if all(q is not t for _, t in together)]
@@ -484,12 +487,11 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
                     written_as[name].append(name_as)
             if RANK not in frame.columns:
                 renamed.append(F.lit(None).cast("int").alias(RANK))
-            frames.append(frame.select(*renamed, F.lit(q.name).alias(QUERY)))
+            frames.append(frame.select(*renamed, F.lit(q.name).alias(QUERY)).repartition(1))
         union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
         order = [QUERY, "_ts"] if tuples else [QUERY, "window_start", RANK, *(
             F.col(f"`{n}`").asc_nulls_last() for c in keys for n in written_as.get(c, ()))]
-        out = (union.repartition(max(1, min(len(folder.answers), partitions)), QUERY)
-               .sortWithinPartitions(*order).drop(RANK))
+        out = union.sortWithinPartitions(*order).drop(RANK)
         rows.sparkSession.sparkContext.setJobDescription(
             f"flowsieve answers {folder.stream}/{folder.folder} (Spark SQL)")
         (out.write.mode("overwrite").partitionBy(QUERY)
