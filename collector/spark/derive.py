@@ -24,6 +24,7 @@ Python process on the executors (selection folders keep their Python task).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property, partial
@@ -519,6 +520,7 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
 
 
 _PASSES: dict[tuple, tuple] = {}  # compile.shared_pass's recent results (a daemon's triggers)
+_PASSES_LOCK = threading.Lock()  # each folder's streaming query answers on a thread of its own
 PASSES_KEPT = 16
 
 
@@ -532,13 +534,16 @@ def _shared_pass(spark, folder: Folder, together: list[tuple[int, Query]], label
     key = (spark.sparkContext.applicationId, folder.stream, folder.folder,
            tuple((s, q.name, q.text) for s, q in together), tuple(sorted(labels)),
            tuple(ranked), tuple(sorted(seen.items())))
-    if key not in _PASSES:
+    with _PASSES_LOCK:
+        found = _PASSES.get(key)
+    if found is None:
         after = dict(seen)
-        built = shared_pass(together, labels, after, ranked)
-        while len(_PASSES) >= PASSES_KEPT:
-            _PASSES.pop(next(iter(_PASSES)))
-        _PASSES[key] = (built, after)
-    built, after = _PASSES[key]
+        found = (shared_pass(together, labels, after, ranked), after)
+        with _PASSES_LOCK:
+            while len(_PASSES) >= PASSES_KEPT:
+                _PASSES.pop(next(iter(_PASSES)))
+            _PASSES[key] = found
+    built, after = found
     seen.update(after)
     return built
 
