@@ -139,7 +139,7 @@ class SparkConfig(BaseModel):
     answer_engine: Literal["python", "sql"] = Field(
         "python", description="who computes the answers on Spark's executors: python (Python "
         "tasks of flowsieve's); sql (Spark's own engine, from the queries compiled to Spark "
-        "expressions: no Python on the executors; selections stay Python tasks)")
+        "expressions, selections too: no Python on the executors)")
     extra: dict[str, str] = Field(default_factory=dict, description="any other spark.* setting")
     checkpoint_dir: Path | None = Field(None, description="the streaming queries' checkpoints "
                                         "(default var_dir/checkpoints); on a cluster, shared "

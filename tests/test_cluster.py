@@ -349,8 +349,15 @@ sources:
 
     # the oracle: both captures merged, replayed alone in local[*]
     merge_pcaps([tmp_path / "a.pcap", tmp_path / "b.pcap"], tmp_path / "both.pcap")
-    queries = [parse_single(sql, name) for name, sql in QUERIES.items()]
-    res = replay(tmp_path / "both.pcap", queries, tmp_path / "replay", spark,
+    assert_whole_windows_replayed(spark, tmp_path / "both.pcap", QUERIES, got, since)
+
+
+def assert_whole_windows_replayed(spark, capture, queries: dict[str, str], got: dict,
+                                  since: float) -> None:
+    """Every whole window of ``got`` (query -> its rows over REST and the time they are
+    complete before) since ``since`` equals a ``local[*]`` replay of ``capture``."""
+    res = replay(capture, [parse_single(sql, name) for name, sql in queries.items()],
+                 capture.parent / "replay", spark,
                  settings=Settings(initial_queries=None, planner={"measure_tuples": 0}))
     assert res.error is None
     truth = {q.name: rows_of(q, t) for q, t in res.answers}
@@ -423,15 +430,7 @@ sources:
     hosts = answer_task_hosts(events)
     assert set(hosts.values()) == {cluster.host, cluster.peer}, hosts
     assert list(results.glob("query=*/part-*.parquet"))
-    queries = [parse_single(sql, name) for name, sql in SQL_QUERIES.items()]
-    res = replay(tmp_path / "a.pcap", queries, tmp_path / "replay", spark,
-                 settings=Settings(initial_queries=None, planner={"measure_tuples": 0}))
-    assert res.error is None
-    truth = {q.name: rows_of(q, t) for q, t in res.answers}
-    for name, (rows, before) in got.items():
-        want = whole_windows(truth[name], since, before)
-        assert whole_windows(rows, since, before) == want, name
-        assert want  # not vacuous
+    assert_whole_windows_replayed(spark, tmp_path / "a.pcap", SQL_QUERIES, got, since)
 
 
 @pytest.mark.long

@@ -69,14 +69,11 @@ def compiles(query: Query) -> bool:
 
 # -- the packed key (collector/keys.py), read by Spark's expressions
 
-def _word(key: Column, i: int) -> Column:
-    """The ``i``-th little-endian int64 word of a packed key."""
-    return F.conv(F.hex(F.reverse(F.substring(key, 8 * i + 1, 8))), 16, -10).cast("bigint")
-
-
-def _half(address: Column, i: int) -> Column:
-    """The ``i``-th 64-bit half of a 16-byte address (network order)."""
-    return F.conv(F.hex(F.substring(address, 8 * i + 1, 8)), 16, -10).cast("bigint")
+def _word(data: Column, i: int, network: bool = False) -> Column:
+    """The ``i``-th int64 word of binary ``data``: little-endian (a packed key), or in network
+    order (an address's 64-bit halves)."""
+    word = F.substring(data, 8 * i + 1, 8)
+    return F.conv(F.hex(word if network else F.reverse(word)), 16, -10).cast("bigint")
 
 
 def decoded(stream: str, label: str, key: Column) -> dict[str, list[Column]]:
@@ -314,7 +311,8 @@ def selection_frame(tuples: DataFrame, query: Query, slot: int) -> DataFrame:
     for o in query.outputs:
         kind, c = cat[o.field].kind, F.col(o.field)
         if kind == IP:
-            cols += [_half(c, 0).alias(f"_{o.name}_hi"), _half(c, 1).alias(f"_{o.name}_lo")]
+            cols += [_word(c, 0, network=True).alias(f"_{o.name}_hi"),
+                     _word(c, 1, network=True).alias(f"_{o.name}_lo")]
             addresses.append(o.name)
         else:
             cols.append((F.lower(F.hex(c)) if kind == BYTES else c).alias(o.name))

@@ -92,20 +92,27 @@ PYTHON_NODES = ("MapInArrow", "ArrowEvalPython", "BatchEvalPython", "FlatMapGrou
                 "PythonUDF", "MapInPandas")
 
 
-@pytest.fixture(scope="module")
-def merged(spark, tmp_path_factory):
-    """The captures' partial rows spooled by the LFTA and merged by Spark (in batch), per
-    folder: the DataFrame, the same rows in Arrow, the folder's queries by slot and its node
-    labels."""
-    tmp = tmp_path_factory.mktemp("compile")
-    plan = build_plan(QUERIES, **Settings(initial_queries=None).plan_options())
-    spool = Spool(tmp / "spool")
+def spooled(queries, root):
+    """The captures through one LFTA engine each under ``queries``' plan, into a spool at
+    ``root``; the plan."""
+    plan = build_plan(queries, **Settings(initial_queries=None).plan_options())
+    spool = Spool(root)
     for name in CAPTURES:
         engine = Engine(spool, "packets", watermark_delay_s=1)
         engine.set_plan(plan)
         for raw in open_capture(capture(name), batch_size=256):
             engine.process(raw)
         engine.finish()
+    return plan
+
+
+@pytest.fixture(scope="module")
+def merged(spark, tmp_path_factory):
+    """The captures' partial rows spooled by the LFTA and merged by Spark (in batch), per
+    folder: the DataFrame, the same rows in Arrow, the folder's queries by slot and its node
+    labels."""
+    tmp = tmp_path_factory.mktemp("compile")
+    plan = spooled(QUERIES, tmp / "spool")
     out = []
     for name in plan.folders("packets"):
         folder = Folder("packets", name, tuple(sorted(
@@ -218,14 +225,7 @@ def test_selections_equal_the_python_derivation(spark, tmp_path):
     """Each selection's tuples (addresses of both families as text, a payload as hex, names,
     the tuple's time) from the select folder's spool, as the Python derivation gives them, by
     a plan with no Python node."""
-    plan = build_plan(SELECTIONS, **Settings(initial_queries=None).plan_options())
-    spool = Spool(tmp_path / "spool")
-    for name in CAPTURES:
-        engine = Engine(spool, "packets", watermark_delay_s=1)
-        engine.set_plan(plan)
-        for raw in open_capture(capture(name), batch_size=256):
-            engine.process(raw)
-        engine.finish()
+    plan = spooled(SELECTIONS, tmp_path / "spool")
     folder = Folder("packets", "select", tuple(sorted(
         (qp.slot, qp.query) for qp in plan.queries if qp.query.folder == "select")))
     tuples = spark.read.schema(spark_ddl(schema_for("packets", "select"))).parquet(
