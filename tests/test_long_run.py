@@ -39,6 +39,8 @@ def merged_files(checkpoints: Path) -> set[str]:
     """The spool files Spark's file sources have taken into a batch (their logs)."""
     out = set()
     for log in checkpoints.glob("*/*/sources/0/*"):
+        if log.name.startswith("."):  # Hadoop's .crc checksums: binary, may begin with "{"
+            continue
         for line in log.read_text(errors="replace").splitlines():
             if line.startswith("{"):
                 out.add(Path(json.loads(line)["path"].removeprefix("file:")).name)
