@@ -307,7 +307,8 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     job = SparkJob(spark, work / "spool", work / "results", work / "checkpoints",
                    lambda: slots, watermark_delay_s, metrics,
                    spool_format=settings.spool.format,
-                   answer_engine=settings.spark.answer_engine)
+                   answer_engine=settings.spark.answer_engine,
+                   answer_task_rows=settings.spark.answer_task_rows)
     job.timings.update(timings)
     if settings.spool.format == "parquet":
         job.run_batch(folders)

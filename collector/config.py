@@ -140,6 +140,10 @@ class SparkConfig(BaseModel):
         "python", description="who computes the answers on Spark's executors: python (Python "
         "tasks of flowsieve's); sql (Spark's own engine, from the queries compiled to Spark "
         "expressions, selections too: no Python on the executors)")
+    answer_task_rows: int = Field(
+        500_000, gt=0, description="sql engine: a query without ORDER BY or LIMIT whose node "
+        "holds more merged rows than this in a batch is answered by several tasks (a part "
+        "file each, by a hash of its keys), not one")
     extra: dict[str, str] = Field(default_factory=dict, description="any other spark.* setting")
     checkpoint_dir: Path | None = Field(None, description="the streaming queries' checkpoints "
                                         "(default var_dir/checkpoints); on a cluster, shared "

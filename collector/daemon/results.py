@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from collector.spark.answers import answer_schema, spark_type
+from collector.spark.answers import answer_schema, order_keys, spark_type
 from collector.spark.write import QUERY
 from planner.ir import Query
 
@@ -124,22 +124,88 @@ def windows(root: str | os.PathLike, query: Query) -> list[int]:
 
 
 def read_pieces(query: Query, chosen: list[Piece]) -> Iterator[pa.Table]:
-    """Row groups in the query's own columns (``answer_schema``), one at a time."""
+    """Row groups in the query's own columns (``answer_schema``), one at a time; a window
+    whose pieces are in several files (a spread answer's) merged into the query's order."""
     files: dict[Path, pq.ParquetFile] = {}
     try:
-        for p in chosen:
-            try:
-                f = files.get(p.path) or files.setdefault(p.path, pq.ParquetFile(p.path))
-                table = f.read_row_group(p.group)
-                if p.shared:
-                    ws = pc.cast(table.column("window_start"), pa.int64())
-                    table = table.filter(pc.equal(ws, p.start))
-                yield project(query, table)
-            except (FileNotFoundError, OSError, pa.ArrowInvalid):  # replaced while read
-                continue
+        i = 0
+        while i < len(chosen):
+            j = i + 1
+            if not query.is_selection:
+                while j < len(chosen) and chosen[j].start == chosen[i].start:
+                    j += 1
+            run = chosen[i:j]
+            if len({p.path for p in run}) > 1:
+                yield from _merged(query, run, files)
+            else:
+                for p in run:
+                    yield from _read(query, p, files)
+            i = j
     finally:
         for f in files.values():
             f.close()
+
+
+def _read(query: Query, p: Piece, files: dict[Path, pq.ParquetFile],
+          batch_rows: int | None = None) -> Iterator[pa.Table]:
+    """A piece in the query's columns: whole, or in batches of ``batch_rows``; nothing if
+    its file was replaced while read."""
+    try:
+        f = files.get(p.path) or files.setdefault(p.path, pq.ParquetFile(p.path))
+        if batch_rows is None:
+            tables = [f.read_row_group(p.group)]
+        else:
+            tables = (pa.Table.from_batches([b]) for b in
+                      f.iter_batches(batch_size=batch_rows, row_groups=[p.group]))
+        for table in tables:
+            if p.shared:
+                ws = pc.cast(table.column("window_start"), pa.int64())
+                table = table.filter(pc.equal(ws, p.start))
+            yield project(query, table)
+    except (FileNotFoundError, OSError, pa.ArrowInvalid):  # replaced while read
+        return
+
+
+MERGE_ROWS = 1 << 16  # rows of each file a merge holds at a time
+
+
+def _merged(query: Query, run: list[Piece], files: dict[Path, pq.ParquetFile]
+            ) -> Iterator[pa.Table]:
+    """One window's pieces from several files, each file's rows in the query's order,
+    merged into that order, holding ``MERGE_ROWS`` of each file at a time: the rows of all
+    buffers up to the first buffer end of a file with more rows to come are in their final
+    order (what follows in any file sorts after its own buffer's end)."""
+    by_file: dict[Path, list[Piece]] = {}
+    for p in run:
+        by_file.setdefault(p.path, []).append(p)
+    sources = [(b for p in pieces_ for b in _read(query, p, files, MERGE_ROWS) if b.num_rows)
+               for pieces_ in by_file.values()]
+    keys = order_keys(query, answer_schema(query).names)
+    buffers = [next(src, None) for src in sources]
+    ahead = [next(src, None) for src in sources]  # whether a file has more rows to come
+    while True:
+        live = [k for k, b in enumerate(buffers) if b is not None and b.num_rows]
+        if not live:
+            return
+        table = pa.concat_tables([buffers[k] for k in live])
+        which = np.repeat(np.arange(len(live)), [buffers[k].num_rows for k in live])
+        at = np.concatenate([np.arange(buffers[k].num_rows) for k in live])
+        order = pc.sort_indices(table.append_column("_file", pa.array(which))
+                                .append_column("_at", pa.array(at)),
+                                keys + [("_file", "ascending"), ("_at", "ascending")]
+                                ).to_numpy()
+        place = np.empty(len(order), np.int64)
+        place[order] = np.arange(len(order))
+        ends = np.cumsum([buffers[k].num_rows for k in live]) - 1
+        bounds = [place[ends[n]] for n, k in enumerate(live) if ahead[k] is not None]
+        cut = min(bounds) + 1 if bounds else len(order)
+        yield table.take(order[:cut])
+        taken = np.bincount(which[order[:cut]], minlength=len(live))
+        for n, k in enumerate(live):
+            rest = buffers[k].slice(int(taken[n]))
+            while not rest.num_rows and ahead[k] is not None:
+                rest, ahead[k] = ahead[k], next(sources[k], None)
+            buffers[k] = rest
 
 
 def project(query: Query, table: pa.Table) -> pa.Table:

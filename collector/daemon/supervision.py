@@ -227,7 +227,7 @@ class Supervision:
         self.job = SparkJob(self.spark, s.spool_dir, s.results_dir, s.checkpoint_dir,
                             self.slot_queries, s.spark.watermark_delay_s,
                             self.metrics, s.spark.trigger_s, s.spool.format,
-                            s.spark.answer_engine)
+                            s.spark.answer_engine, s.spark.answer_task_rows)
         self.job.ensure(self.folders())
 
     def _jvm_gone(self) -> bool:

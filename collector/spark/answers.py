@@ -10,6 +10,7 @@ Everything is vectorised over Arrow columns: no Python object per row.
 from __future__ import annotations
 
 import operator
+from collections.abc import Collection
 
 import numpy as np
 import pyarrow as pa
@@ -335,16 +336,22 @@ def estimates(groups: list[list[bytes | None]], lg_max_k: int = 21) -> list[int]
     return out
 
 
+def order_keys(query: Query, columns: Collection[str]) -> list[tuple[str, str]]:
+    """A window's rows' order (pyarrow sort keys): ORDER BY, then the key columns among
+    ``columns``."""
+    keys = [(c, "descending" if desc else "ascending") for c, desc in query.order]
+    return keys + [(o.name, "ascending") for o in query.outputs if o.kind != "agg"
+                   and o.name in columns and o.name not in dict(query.order)]
+
+
 def order_rows(query: Query, table: pa.Table) -> pa.Table:
     """Sort by window, then ORDER BY, then the key columns (so that rows tied on ORDER BY come
     in one order whatever the order of the input, and LIMIT keeps the same ones); LIMIT n per
     window."""
     if not table.num_rows:
         return table
-    keys = [(c, "descending" if desc else "ascending") for c, desc in query.order]
-    keys += [(o.name, "ascending") for o in query.outputs if o.kind != "agg"
-             and o.name in table.column_names and o.name not in dict(query.order)]
-    table = table.sort_by([("window_start", "ascending")] + keys)
+    table = table.sort_by([("window_start", "ascending")] +
+                          order_keys(query, table.column_names))
     if query.limit is not None:
         ws = pc.cast(table.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)
         # rank within each window's run of rows (sorted by window first)

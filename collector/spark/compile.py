@@ -113,7 +113,13 @@ def _v6_plain(hi: Column, lo: Column) -> Column:
     groups = [F.shiftrightunsigned(half, 48 - 16 * j).bitwiseAND(F.lit(0xFFFF))
               for half in (hi, lo) for j in range(4)]
     # hex() and concat_ws, not format_string: java.util.Formatter costs a microsecond a call
-    return F.concat_ws(":", *(F.lower(F.hex(g)) for g in groups))
+    return F.concat_ws(":", *(lower_hex(g) for g in groups))
+
+
+def lower_hex(value: Column) -> Column:
+    """``value`` (a number or binary) in lower-case hex. Not ``lower()``: Spark's case mapping
+    goes through ICU, whose first use costs a fresh JVM about half a second of class set-up."""
+    return F.translate(F.hex(value), "ABCDEF", "abcdef")
 
 
 def _v6_compressed(padded: Column) -> Column:
@@ -315,7 +321,7 @@ def selection_frame(tuples: DataFrame, query: Query, slot: int) -> DataFrame:
                      _word(c, 1, network=True).alias(f"_{o.name}_lo")]
             addresses.append(o.name)
         else:
-            cols.append((F.lower(F.hex(c)) if kind == BYTES else c).alias(o.name))
+            cols.append((lower_hex(c) if kind == BYTES else c).alias(o.name))
     ts = next(f.name for f in cat.values() if f.kind == TS)  # packets: ts; flows: first_switched
     out = mine.select(*cols, F.col(ts).alias("_ts"))
     for name in addresses:
@@ -369,8 +375,9 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
     return None if built is None else (built[0](merged, dictionary, len(queries)), built[1])
 
 
-# (merged rows, dictionary, tasks) -> the answers
-Pass = Callable[[DataFrame, "DataFrame | None", int], DataFrame]
+# (merged rows, dictionary, tasks, buckets by node layout) -> the answers
+Pass = Callable[..., DataFrame]
+BUCKET = "_bucket"  # which of its query's tasks a row of a spread answer goes to
 
 
 def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: dict[str, str],
@@ -391,7 +398,10 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
     ``shared_pass`` returns applies them to each batch's merged rows and dictionary, in a
     number of tasks. The rows are shuffled once, by slot: the aggregation, the ranking and
     the writer find each query's rows in one task (a shuffle by key, then by window, then by
-    query cost two more)."""
+    query cost two more). A large answer is spread: given ``buckets`` (slot -> n > 1), the
+    rows of such a query without ORDER BY or LIMIT are shuffled by (slot, a hash of the key
+    into n buckets), so that n tasks answer it, each writing its own part (the frame then has
+    ``BUCKET``); a ranked query's windows stay in one task."""
     from collector.spark.answers import answer_schema, spark_type
     if not queries:
         return None
@@ -520,36 +530,79 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
             columns.setdefault(as_, {})[s] = mine[f.name].cast(kind)
     outputs = [F.col(SLOT), F.col("window_start"),
                *(_case(by_slot, every).alias(name) for name, by_slot in columns.items())]
-    rank = _ranked_slots(queries, names, ranked)
+    rank, spread_rank = (_ranked_slots(queries, names, ranked, over) for over in
+                         ([SLOT], [SLOT, BUCKET]))
+    whole = {s for s, q in queries if q.order or q.limit is not None or s in ranked}
 
-    def run(merged: DataFrame, dictionary: DataFrame | None, tasks: int) -> DataFrame:
+    def run(merged: DataFrame, dictionary: DataFrame | None, tasks: int,
+            buckets: dict[int, int] | None = None) -> DataFrame:
         rows = merged.select(*with_pat)
         slot_of = (rows.select("node", "_pat").distinct()
                    .select("node", "_pat", layout_of)
                    .select("node", "_pat", "_layout", *pattern_words)
                    .select("node", "_pat", "_layout", slot_list)
                    .where(F.col(SLOT).isNotNull()))
-        rolled = (rows.join(F.broadcast(slot_of), ["node", "_pat"])
-                  .select("window_start", *values, SLOT, cut_as)
-                  .repartition(max(1, tasks), SLOT)
-                  .groupBy("window_start", SLOT, "_key").agg(*rolled_up))
+        joined = (rows.join(F.broadcast(slot_of), ["node", "_pat"])
+                  .select("window_start", *values, SLOT, cut_as))
+        spread: dict[int, list[int]] = {}  # buckets -> the slots spread over as many
+        for s, n in (buckets or {}).items():
+            if n > 1 and s not in whole:
+                spread.setdefault(n, []).append(s)
+        if spread:
+            bucket = None
+            for n, slots_n in spread.items():
+                b = F.pmod(F.xxhash64("_key"), F.lit(n)).cast("int")
+                test = F.col(SLOT).isin(slots_n)
+                bucket = F.when(test, b) if bucket is None else bucket.when(test, b)
+            rolled = (joined.withColumn(BUCKET, bucket.otherwise(F.lit(0)))
+                      .repartition(max(1, tasks, *spread), SLOT, BUCKET)
+                      .groupBy("window_start", SLOT, BUCKET, "_key").agg(*rolled_up))
+        else:
+            rolled = (joined.repartition(max(1, tasks), SLOT)
+                      .groupBy("window_start", SLOT, "_key").agg(*rolled_up))
         if having is not None:
             rolled = rolled.where(having)
-        frame = rolled.select(*staged)
+        extra = [F.col(BUCKET)] if spread else []
+        frame = rolled.select(*staged, *extra)
         for text in texts:
             frame = text(frame)
         for column in coded.values():
             frame = _texts(frame, column, dictionary)
-        return rank(frame.select(*outputs))
+        return (spread_rank if spread else rank)(frame.select(*outputs, *extra))
     return run, names
 
 
+def slot_rows(merged: DataFrame, stream: str, held: dict[str, int],
+              slots: Iterable[int]) -> dict[int, int]:
+    """The merged rows that carry each of ``slots`` in the node layouts ``held`` (label ->
+    its rows): a query's answer has at most as many. One job, over those layouts' rows,
+    counting their distinct query-bit patterns."""
+    if not held:
+        return {}
+    key, node = F.col("key"), F.col("node")
+    pat = None
+    for label in held:
+        lay = KeyLayout.parse(stream, label)
+        v = F.substring(key, 8 * lay.field_words + 1, 8 * lay.q_words)
+        pat = F.when(node == label, v) if pat is None else pat.when(node == label, v)
+    out = dict.fromkeys(slots, 0)
+    for r in (merged.where(node.isin(list(held))).groupBy(pat.alias("_pat")).count()
+              .collect()):
+        bits = int.from_bytes(r["_pat"] or b"", "little")  # bit 64·w + i: slot 64·w + i
+        for s in out:
+            if bits >> s & 1:
+                out[s] += r["count"]
+    return out
+
+
 def _ranked_slots(queries: list[tuple[int, Query]], names: dict[int, dict[str, str]],
-                  ranked: Collection[int]) -> Callable[[DataFrame], DataFrame]:
+                  ranked: Collection[int], over: list[str]
+                  ) -> Callable[[DataFrame], DataFrame]:
     """``shared_frame``'s rows with ``RANK`` for the slots ranked (ORDER BY, LIMIT or in
-    ``ranked``), each by its query's order in one window function: the i-th term of a slot's
-    order is a column of its own per (i, output column, direction), NULL on the other slots'
-    rows (a window's rows are all one slot's: the others' terms tie); LIMIT kept per slot."""
+    ``ranked``), each by its query's order in one window function over ``over`` and the window:
+    the i-th term of a slot's order is a column of its own per (i, output column, direction),
+    NULL on the other slots' rows (a window's rows are all one slot's: the others' terms tie);
+    LIMIT kept per slot."""
     order = {s: q for s, q in queries if q.order or q.limit is not None or s in ranked}
     if not order:
         unranked = F.lit(None).cast("int")
@@ -565,7 +618,7 @@ def _ranked_slots(queries: list[tuple[int, Query]], names: dict[int, dict[str, s
         c = F.when(F.col(SLOT).isin(slots), F.col(f"`{name}`"))
         cols.append(c.desc_nulls_last() if desc else c.asc_nulls_last())
     rank = F.when(F.col(SLOT).isin(list(order)), F.row_number().over(
-        Window.partitionBy(SLOT, "window_start").orderBy(*cols)))
+        Window.partitionBy(*over, "window_start").orderBy(*cols)))
     past = None  # a row past its query's LIMIT
     for s, q in order.items():
         if q.limit is not None:

@@ -378,6 +378,10 @@ def answers(rows: DataFrame, folder: Folder, root: str, job: str, partitions: in
 # window of 4M rows read with 1M-row groups peaked at 1.1 GiB in the Python driver)
 ANSWER_GROUP_ROWS = 1 << 18
 ANSWER_GROUP_BYTES = 64 << 20
+# merged rows of a node layout per answer task of Spark's engine: a query without ORDER BY
+# or LIMIT over more is spread across tasks (4M groups in one task: its aggregation and
+# sort spilled with a 512 MiB driver)
+ANSWER_TASK_ROWS = 500_000
 
 
 def compiled(folder: Folder) -> bool:
@@ -391,7 +395,7 @@ def compiled(folder: Folder) -> bool:
 
 
 def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, partitions: int,
-                     reuse: bool = True) -> list[dict]:
+                     reuse: bool = True, task_rows: int | None = None) -> list[dict]:
     """The answer job of ``answers`` with every answer computed and written by Spark's engine
     (``compile.py``, Spark's Parquet writer): no Python process on the executors. The queries'
     answers go in one job, each query's rows to one writer task (its part is one file),
@@ -401,13 +405,16 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
     type is written as ``<name>__<type>`` (``results.project`` reads it back). ``reuse``:
     the rows are a streaming batch's merge, kept (persisted) for the two jobs that read them
     (the node layouts they hold, then the answers), instead of merged twice; a batch read of
-    the spool's files is read twice."""
+    the spool's files is read twice. ``task_rows``: a query without ORDER BY or LIMIT whose
+    node layouts hold more merged rows than this is answered by several tasks, a part each
+    (``compile.shared_pass``; default ``ANSWER_TASK_ROWS``)."""
     from functools import reduce
 
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     from collector.spark.compile import (
+        BUCKET,
         RANK,
         SLOT,
         answer_frame,
@@ -415,14 +422,17 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
         key_columns,
         plain,
         selection_frame,
+        slot_rows,
     )
     from collector.spark.write import promote, stage_dir
     if reuse:
         rows = rows.persist()
     try:
         tuples = folder.folder == "select"  # a selection folder's tuples, not partial rows
-        labels = [] if tuples else [
-            r["node"] for r in rows.select("node").distinct().collect() if r["node"]]
+        # the node layouts the rows hold, and how many rows each
+        held = {} if tuples else {
+            r["node"]: r["count"] for r in rows.groupBy("node").count().collect() if r["node"]}
+        labels = list(held)
         texts = None if tuples else dictionary_frame(rows.sparkSession, folder)
         slots = {q.name: s for s, q in folder.slots}
         frames, seen, observed = [], {}, {}
@@ -440,9 +450,14 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
         built = _shared_pass(rows.sparkSession, folder, together, labels, seen,
                              [s for s, q in together if not in_order[q.name]])
         # each query's rows in one task (its part one file), the shared pass's in as many
-        # tasks as its queries allow
+        # tasks as its queries allow; a query of more rows than a task's in several
+        per_task = task_rows or ANSWER_TASK_ROWS
+        big = {label: n for label, n in held.items() if n > per_task}
+        buckets = {s: -(-n // per_task) for s, n in slot_rows(
+            rows, folder.stream, big, [s for s, _ in together]).items() if n > per_task} \
+            if built is not None and big else {}
         shared = None if built is None else (
-            built[0](rows, texts, min(len(together), partitions)), built[1])
+            built[0](rows, texts, min(len(together), partitions), buckets), built[1])
         if shared is None:
             together = []
         alone = [q for q in folder.answers if all(q is not t for _, t in together)]
@@ -461,7 +476,8 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
                                   *(F.count_if(F.col(SLOT) == s).alias(f"rows_{s}")
                                     for s, _ in together))
             name = F.create_map(*(c for s, q in together for c in (F.lit(s), F.lit(q.name))))
-            frames.append(frame.select(*(F.col(f"`{c}`") for c in frame.columns if c != SLOT),
+            frames.append(frame.select(*(F.col(f"`{c}`") for c in frame.columns
+                                         if c not in (SLOT, BUCKET)),
                                        name[F.col(SLOT)].alias(QUERY)))
             for s, q in together:
                 observed[q.name] = (obs, s)

@@ -72,7 +72,7 @@ class SparkJob:
                  results_root: str | os.PathLike, checkpoint_root: str | os.PathLike,
                  queries: Queries, watermark_delay_s: int = 1, metrics: Metrics | None = None,
                  trigger_s: float = 2.0, spool_format: str = "parquet",
-                 answer_engine: str = "python"):
+                 answer_engine: str = "python", answer_task_rows: int | None = None):
         self.spark = spark
         self.spool_root = Path(spool_root)
         self.results_root = str(results_root)
@@ -83,6 +83,7 @@ class SparkJob:
         self.trigger_s = trigger_s
         self.spool_format = spool_format
         self.answer_engine = answer_engine  # "sql": Spark's engine answers (compile.py)
+        self.answer_task_rows = answer_task_rows  # None: derive.ANSWER_TASK_ROWS
         self.queries: dict[tuple[str, str], object] = {}
         self._lock = threading.Lock()
         self.errors: list[str] = []  # the latest failures, newest last
@@ -118,7 +119,7 @@ class SparkJob:
         try:
             if self.answer_engine == "sql" and compiled(spec):
                 written = compiled_answers(rows, spec, self.results_root, job, tasks,
-                                           reuse=streamed)
+                                           reuse=streamed, task_rows=self.answer_task_rows)
             else:
                 written = answers(rows, spec, self.results_root, job, tasks).collect()
         finally:

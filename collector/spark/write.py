@@ -4,10 +4,14 @@ streaming queries kept startable.
 Each answer job writes, per query it answered, one Parquet file of the windows it closed:
 ``results/query=<name>/part-<job>.parquet`` (``<job>``: ``replay``, or the streaming query's
 run and batch), a row group per window (its ``window_start`` statistics name it), rows in the
-query's order. The task that computes a query's answers writes them, a window at a time, under
-a hidden name, and renames the file into place when done: a part appears whole, and a job run
-again (a batch Spark runs again after a crash) writes the same name and replaces its part,
-never adds to it. ``results/query=<name>/`` reads as a table in Spark, pyarrow or DuckDB.
+query's order. The task that computes a query's answers writes them, a window at a time,
+under a hidden name, and renames the file into place when done: a part appears whole, and a
+job run again (a batch Spark runs again after a crash) writes the same name and replaces its
+part, never adds to it. Spark's engine answers a large query without ORDER BY or LIMIT in
+several tasks, each its share of the keys: that part is then several files,
+``part-<job>.parquet`` and ``part-<job>.<i>.parquet``, each in the query's order (readers
+merge them: ``collector/daemon/results.py``), moved into place one by one (``promote``).
+``results/query=<name>/`` reads as a table in Spark, pyarrow or DuckDB.
 
 Why the task and not Spark's Parquet writer: a window's answer is a partition only that writer's
 dynamic overwrite could replace, and on a local file system Hadoop sets every directory and file
@@ -78,32 +82,50 @@ def stage_dir(root: str | os.PathLike, job: str) -> Path:
     return Path(root) / "_jobs" / job
 
 
-def promote(root: str | os.PathLike, job: str, name: str) -> dict[str, Path]:
+def promote(root: str | os.PathLike, job: str, name: str) -> dict[str, list[Path]]:
     """Move what Spark's writer wrote for an answer job (``stage_dir``, a ``query=<name>``
-    folder per query, one file each) into the results as each query's part ``name``: each
+    folder per query, a file per task that answered it) into the results as each query's
+    part ``name`` (its first file; a spread answer's others ``spread_name(name, i)``): each
     file renamed over the part of an earlier run of the same job (a batch Spark runs again
-    after a crash), on disk with its name before the next; then the staging folder goes. The
-    parts by query."""
+    after a crash), on disk with its name before the next, then the earlier run's parts
+    beyond this run's removed; then the staging folder goes. The parts by query."""
     stage = stage_dir(root, job)
-    out: dict[str, Path] = {}
+    out: dict[str, list[Path]] = {}
     for qdir in sorted(stage.glob(f"{QUERY}=*")):
         files = sorted(f for f in qdir.iterdir() if f.name.endswith(".parquet")
                        and not f.name.startswith((".", "_")))
         if not files:
             continue
-        if len(files) > 1:
-            raise RuntimeError(f"answer job {job}: {len(files)} files for {qdir.name}, "
-                               "one expected")
-        dest = Path(root) / qdir.name / name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        sync_file(files[0])
-        reached("results.write")
-        os.replace(files[0], dest)
-        sync_dir(dest.parent)
-        reached("results.rename")
-        out[qdir.name.partition("=")[2]] = dest
+        dest_dir = Path(root) / qdir.name
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        done = []
+        for i, f in enumerate(files):
+            dest = dest_dir / (name if i == 0 else spread_name(name, i))
+            sync_file(f)
+            reached("results.write")
+            os.replace(f, dest)
+            sync_dir(dest_dir)
+            reached("results.rename")
+            done.append(dest)
+        stem = name.removesuffix(".parquet")
+        for old in dest_dir.glob(f"{stem}.*.parquet"):  # an earlier run spread wider
+            if old not in done:
+                old.unlink(missing_ok=True)
+        out[qdir.name.partition("=")[2]] = done
     shutil.rmtree(stage, ignore_errors=True)
     return out
+
+
+def spread_name(name: str, i: int) -> str:
+    """The ``i``-th (from 1) further file of part ``name`` (``part-<job>.parquet``) when
+    several tasks answered its query: ``part-<job>.<i>.parquet``."""
+    return f"{name.removesuffix('.parquet')}.{i}.parquet"
+
+
+def part_of(file_name: str) -> str:
+    """The part (answer job) a results file belongs to: ``part-<job>.parquet`` for itself
+    and for its spread files."""
+    return f"{file_name.split('.')[0]}.parquet"
 
 
 STALE_S = 3600.0  # a hidden part file this old is a dead task's

@@ -13,6 +13,7 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
 import dpkt
+import pyarrow.parquet as pq
 import pytest
 from scapy.utils import RawPcapReader
 
@@ -253,6 +254,34 @@ def test_replay_flows_equals_nfdump(spark, tmp_path, engine):
     assert got == want
     got443 = sorted((r["src_ip"], r["dst_ip"], r["bytes"]) for r in answers["tcp443"])
     assert got443 == sorted(want443) and got443
+
+
+@pytest.mark.slow
+def test_a_large_answer_spread_over_tasks_equals_nfdump_in_order(spark, tmp_path):
+    """Spark's engine with ``spark.answer_task_rows: 4``: the FROM flows GROUP BY src_ip,
+    dst_ip of softflowd's IPFIX export of ok.pcap is answered by several tasks, its part
+    several files, each its own share of the keys; read back, the rows equal nfdump's own
+    aggregation, every pair once, in the query's order (by src_ip then dst_ip, as text)."""
+    from collector.daemon.results import part_files
+    from tests.helpers import flow_data
+    base = "softflowd-generated/softflowd-ok-v10"
+    queries = parse_queries(
+        "-- name: pairs\nSELECT time/86400 AS d, src_ip, dst_ip, count(*) AS flows, "
+        "sum(packets) AS pkts, sum(bytes) AS bytes FROM flows "
+        "GROUP BY time/86400, src_ip, dst_ip")
+    settings = Settings(spark={"answer_engine": "sql", "answer_task_rows": 4})
+    res = replay(flow_data(f"{base}-export.pcap"), queries, tmp_path, spark, settings=settings)
+    assert res.error is None
+    files = part_files(tmp_path / "results", "pairs")
+    assert len(files) > 1
+    (q, table), = res.answers
+    rows = rows_of(q, table)
+    keys = [(r["src_ip"], r["dst_ip"]) for r in rows]
+    assert keys == sorted(keys)
+    assert sum(pq.ParquetFile(f).metadata.num_rows for f in files) == len(rows)
+    want = _nfdump_aggregated(flow_data(f"{base}-nfdump-A-srcip-dstip.txt"))
+    assert {k: (r["flows"], r["pkts"], r["bytes"]) for k, r in zip(keys, rows, strict=True)} \
+        == want
 
 
 def _nfdump_aggregated(path) -> dict[tuple[str, str], tuple[int, int, int]]:

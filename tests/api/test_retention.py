@@ -70,6 +70,23 @@ def test_age_then_bytes_remove_the_oldest_parts(tmp_path):
     assert jobs(tmp_path, "q") == [7, 8, 9]
 
 
+def test_a_spread_part_s_files_go_together(tmp_path):
+    """A part Spark's engine spread over several tasks (``part-<job>.parquet`` and
+    ``part-<job>.<i>.parquet``) is one part: the byte limit removes all its files or none,
+    and counts it once."""
+    from collector.spark.write import spread_name
+    sizes = {j: write_part(tmp_path, "q", j, age_s=(10 - j) * HOUR) for j in range(3)}
+    for i in (1, 2):  # job 0's answer in three files
+        extra = tmp_path / "query=q" / spread_name("part-0000.parquet", i)
+        extra.write_bytes((tmp_path / "query=q" / "part-0000.parquet").read_bytes())
+        os.utime(extra, (time.time() - 10 * HOUR,) * 2)
+        sizes[0] += extra.stat().st_size
+    held = enforce(tmp_path, "q", Limits(max_bytes=sizes[1] + sizes[2]))
+    assert sorted(p.name for p in part_files(tmp_path, "q")) == ["part-0001.parquet",
+                                                                 "part-0002.parquet"]
+    assert (held.removed_bytes, held.files, held.bytes) == (1, 2, sizes[1] + sizes[2])
+
+
 def test_quarantined_spool_files_age_out(tmp_path):
     bad = tmp_path / "packets" / "60" / "bad"
     bad.mkdir(parents=True)

@@ -401,6 +401,34 @@ def test_rows_that_come_after_their_window_closed_are_counted(spark, tmp_path):
     assert 0 < late() <= behind
 
 
+def test_a_batch_run_again_over_fewer_tasks_leaves_nothing_of_the_first(spark, tmp_path):
+    """Spark's engine spreads a query's answer over tasks (a part file each) when its rows
+    outnumber ``answer_task_rows``. The same batch run again spread less (another setting)
+    replaces the whole part: the first run's further files go, and the answers still equal
+    dpkt's, no row twice."""
+    from collector.daemon.results import part_files
+    from collector.spark.merge import merge_partials
+    path, recs = spread(tmp_path, "ok.pcap", 0.5)
+    plan, spool = spooled(tmp_path, path)
+    slots = {qp.slot: qp.query for qp in plan.queries}
+    results = tmp_path / "results"
+    job = SparkJob(spark, tmp_path / "spool", results, tmp_path / "ck", lambda: slots, 1,
+                   Metrics(), answer_engine="sql", answer_task_rows=3)
+    merged = merge_partials(spark.read.parquet(str(spool.folder("packets", "60"))), "packets",
+                            None)
+    job._answer(merged, "packets", "60", "run-00000003")
+    files = {qp.query.name: len(part_files(results, qp.query.name)) for qp in plan.queries}
+    assert max(files.values()) > 1, files
+    first = {qp.query.name: read_results(results, qp.query) for qp in plan.queries}
+    job.answer_task_rows = None  # the default: every answer of this capture in one task
+    job._answer(merged, "packets", "60", "run-00000003")
+    assert {qp.query.name: len(part_files(results, qp.query.name))
+            for qp in plan.queries} == {n: min(k, 1) for n, k in files.items()}
+    pairs = [(qp.query, read_results(results, qp.query)) for qp in plan.queries]
+    assert all(t.equals(first[q.name]) for q, t in pairs)  # the same rows, the same order
+    assert answers_of(pairs) == reference(recs)
+
+
 def test_a_dead_answer_job_s_leftovers_are_swept_once_stale(tmp_path):
     """What an answer job left when it died (a Python task's hidden part, a staging folder of
     Spark's writer whose batch never ran again) goes once an hour old; a job's fresh staging
