@@ -407,6 +407,56 @@ def csv_export(repeat: int, n: int) -> dict:
             "ratio_sql": med["batch"] / med["flowsieve_sql"]}
 
 
+GROUPS = 4_000_000  # the big window: every packet its own group (tests.helpers.many_groups)
+GROUPS_SQL = ("-- name: pairs\nSELECT time/60 AS t, src_ip, dst_ip, src_port, count(*) AS n, "
+              "sum(wirelen) AS b FROM packets GROUP BY time/60, src_ip, dst_ip, src_port\n")
+
+
+def big_window(repeat: int, n: int) -> dict:
+    """``flowsieve replay --format csv`` of one window of ``n`` groups (the driver-memory
+    test's capture) with ``spark.driver_memory: 512m``, the whole command, with each answer
+    engine, alternating; the outputs must be identical (the same rows in the same order) and
+    hold a row per group. Peak RSS of the command's process tree (the JVM included)."""
+    from tests.helpers import many_groups
+    path = CACHE / f"groups-{n}.pcap"
+    if not path.exists():
+        many_groups(path, n)
+    sql = CACHE / "groups.sql"
+    sql.write_text(GROUPS_SQL)
+    exe = Path(sys.executable).with_name("flowsieve")
+    runs: dict[str, list] = {k: [] for k in ENGINES}
+    rss: dict[str, list] = {k: [] for k in ENGINES}
+    for _ in range(repeat):
+        outs = {}
+        for name, engine in ENGINES.items():
+            out = CACHE / f"groups-{engine}.csv"
+            os.sync()
+            t = time.perf_counter()
+            with open(out, "wb") as f:
+                proc = subprocess.Popen(
+                    [str(exe), "replay", str(path), "--queries", str(sql), "--format", "csv"],
+                    stdout=f, stderr=subprocess.DEVNULL,
+                    env={**os.environ, "FLOWSIEVE_SPARK__ANSWER_ENGINE": engine,
+                         "FLOWSIEVE_SPARK__DRIVER_MEMORY": "512m"})
+                peak = TreeRss()
+                if proc.wait(timeout=1800):
+                    raise SystemExit(f"big window: replay ({engine}) failed")
+            runs[name].append(time.perf_counter() - t)
+            rss[name].append(peak.stop()["peak_rss_total_mib"])
+            outs[name] = out
+        first, *others = (o.read_bytes() for o in outs.values())
+        if any(o != first for o in others):
+            raise SystemExit("big window: the engines' outputs differ")
+        lines = first.count(b"\n")
+        if lines != n + 1:  # a header, then a row per group
+            raise SystemExit(f"big window: {lines - 1} rows, {n} groups")
+        for o in outs.values():
+            o.unlink()
+    return {"groups": n, "driver_memory": "512m", "runs_s": runs,
+            "median_s": {k: statistics.median(v) for k, v in runs.items()},
+            "peak_rss_mib": {k: statistics.median(v) for k, v in rss.items()}}
+
+
 def _csv_rows(path: Path) -> set:
     """(query, minute, source, destination, packets) of flowsieve's CSV."""
     import pyarrow.csv as pacsv
@@ -551,6 +601,8 @@ def main() -> int:
     ap.add_argument("--one", nargs=5, metavar=("MODE", "TRACE", "N", "NQ", "OUT"))
     ap.add_argument("--csv-batch", nargs=2, metavar=("N", "OUT"))
     ap.add_argument("--csv-only", action="store_true", help="the CSV export comparison only")
+    ap.add_argument("--groups-only", action="store_true",
+                    help="4M groups in one window with a 512 MiB driver, each answer engine")
     ap.add_argument("--headline", action="store_true",
                     help="the backbone trace's 1 and 50 queries (full, batch and naive at 50), "
                     "the CSV export and the 851-packet replay: the runs the targets name")
@@ -566,6 +618,14 @@ def main() -> int:
             res = Path(__file__).resolve().parent / "results" / "spark.json"
             whole = json.loads(res.read_text()) if res.exists() else {}
             write_result("spark", {**whole, "csv_export": doc})
+        return 0
+    if args.groups_only:
+        doc = big_window(1 if args.quick else 3, 100_000 if args.quick else GROUPS)
+        print(json.dumps({k: v for k, v in doc.items() if k != "runs_s"}), flush=True)
+        if not args.quick:
+            res = Path(__file__).resolve().parent / "results" / "spark.json"
+            whole = json.loads(res.read_text()) if res.exists() else {}
+            write_result("spark", {**whole, "big_window": doc})
         return 0
     if args.one:
         mode, kind, n, nq, out = args.one

@@ -84,12 +84,14 @@ def decoded(stream: str, label: str, key: Column) -> dict[str, list[Column]]:
     out: dict[str, list[Column]] = {}
     for name, (at, _) in layout.offsets().items():
         kind = fields(stream)[key_field(name)[0]].kind
+        # a flag word: its bytes compared, not converted (conv() is most of a word's read)
+        present = F.substring(key, 8 * at + 1, 8) != F.lit(bytearray(8))
         if kind == IP:
-            valid = _word(key, at) != 0
-            out[name] = [F.when(valid, _word(key, at + 1)), F.when(valid, _word(key, at + 2))]
+            out[name] = [F.when(present, _word(key, at + 1)),
+                         F.when(present, _word(key, at + 2))]
         elif kind == STRING:
             tail = F.substring(key, 8 * layout.words + 1, 1 << 30).cast("string")
-            out[name] = [F.when(_word(key, at) != 0, tail)]
+            out[name] = [F.when(present, tail)]
         else:
             v = _word(key, at)
             out[name] = [F.when(v >= 0, v)]
