@@ -457,25 +457,19 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
             rows, folder.stream, big, [s for s, _ in together]).items() if n > per_task} \
             if built is not None and big else {}
         shared = None if built is None else (
-            built[0](rows, texts, min(len(together), partitions), buckets), built[1])
+            built[0](rows, texts, min(len(together), partitions), buckets), *built[1:])
         if shared is None:
             together = []
         alone = [q for q in folder.answers if all(q is not t for _, t in together)]
         written_as: dict[str, list[str]] = {}  # a key column -> its names as written
         if shared is not None:
-            frame, names = shared
+            frame, names, measured, name = shared
             for s, _ in together:
                 for c, as_ in names[s].items():
                     if c in keys and as_ not in written_as.setdefault(c, []):
                         written_as[c].append(as_)
             obs = Observation(f"{tag}_shared")
-            # rows per slot, and the (slot, window) pairs (a set as small as the windows):
-            # an HLL per slot on every row cost more than the answers' addresses
-            frame = frame.observe(obs, F.collect_set(F.struct(SLOT, "window_start"))
-                                  .alias("windows"),
-                                  *(F.count_if(F.col(SLOT) == s).alias(f"rows_{s}")
-                                    for s, _ in together))
-            name = F.create_map(*(c for s, q in together for c in (F.lit(s), F.lit(q.name))))
+            frame = frame.observe(obs, *measured)
             frames.append(frame.select(*(F.col(f"`{c}`") for c in frame.columns
                                          if c not in (SLOT, BUCKET)),
                                        name[F.col(SLOT)].alias(QUERY)))
@@ -545,8 +539,11 @@ def _shared_pass(spark, folder: Folder, together: list[tuple[int, Query]], label
     """``compile.shared_pass`` of these queries and node layouts, built once per Spark
     application: a daemon's next trigger of the same folder applies the same expressions to
     its batch (building them for 50 queries took seconds of Py4J calls). ``seen`` is left as
-    the pass left it."""
-    from collector.spark.compile import shared_pass
+    the pass left it. With the pass: what the job observes of it, and the slots' query names
+    (a map column)."""
+    from pyspark.sql import functions as F
+
+    from collector.spark.compile import SLOT, shared_pass
     key = (spark.sparkContext.applicationId, folder.stream, folder.folder,
            tuple((s, q.name, q.text) for s, q in together), tuple(sorted(labels)),
            tuple(ranked), tuple(sorted(seen.items())))
@@ -554,7 +551,14 @@ def _shared_pass(spark, folder: Folder, together: list[tuple[int, Query]], label
         found = _PASSES.get(key)
     if found is None:
         after = dict(seen)
-        found = (shared_pass(together, labels, after, ranked), after)
+        built = shared_pass(together, labels, after, ranked)
+        # what the job observes of the pass (rows per slot, and the (slot, window) pairs: a
+        # set as small as the windows; an HLL per slot on every row cost more than the
+        # answers' addresses) and each slot's query name
+        observed = [F.collect_set(F.struct(SLOT, "window_start")).alias("windows"),
+                    *(F.count_if(F.col(SLOT) == s).alias(f"rows_{s}") for s, _ in together)]
+        name = F.create_map(*(c for s, q in together for c in (F.lit(s), F.lit(q.name))))
+        found = (None if built is None else (*built, observed, name), after)
         with _PASSES_LOCK:
             while len(_PASSES) >= PASSES_KEPT:
                 _PASSES.pop(next(iter(_PASSES)))
