@@ -538,17 +538,23 @@ def _shared_pass(spark, folder: Folder, together: list[tuple[int, Query]], label
                  seen: dict[str, str], ranked: list[int]):
     """``compile.shared_pass`` of these queries and node layouts, built once per Spark
     application: a daemon's next trigger of the same folder applies the same expressions to
-    its batch (building them for 50 queries took seconds of Py4J calls). ``seen`` is left as
-    the pass left it. With the pass: what the job observes of it, and the slots' query names
-    (a map column)."""
+    its batch (building them for 50 queries took seconds of Py4J calls, and Spark generates
+    and compiles the code of a new plan again). It is built for every node layout the folder's
+    batches have held so far, not just this batch's (a layout a batch lacks is a branch its
+    rows never take): a batch without some node's rows reuses it. ``seen`` is left as the pass
+    left it. With the pass: what the job observes of it, and the slots' query names (a map
+    column)."""
     from pyspark.sql import functions as F
 
     from collector.spark.compile import SLOT, shared_pass
     key = (spark.sparkContext.applicationId, folder.stream, folder.folder,
-           tuple((s, q.name, q.text) for s, q in together), tuple(sorted(labels)),
-           tuple(ranked), tuple(sorted(seen.items())))
+           tuple((s, q.name, q.text) for s, q in together), tuple(ranked),
+           tuple(sorted(seen.items())))
     with _PASSES_LOCK:
         found = _PASSES.get(key)
+    if found is not None and not set(labels) <= found[0]:
+        labels = sorted(found[0] | set(labels))  # a layout new to this folder: built again
+        found = None
     if found is None:
         after = dict(seen)
         built = shared_pass(together, labels, after, ranked)
@@ -558,12 +564,14 @@ def _shared_pass(spark, folder: Folder, together: list[tuple[int, Query]], label
         observed = [F.collect_set(F.struct(SLOT, "window_start")).alias("windows"),
                     *(F.count_if(F.col(SLOT) == s).alias(f"rows_{s}") for s, _ in together)]
         name = F.create_map(*(c for s, q in together for c in (F.lit(s), F.lit(q.name))))
-        found = (None if built is None else (*built, observed, name), after)
+        found = (frozenset(labels), None if built is None else (*built, observed, name),
+                 after)
         with _PASSES_LOCK:
+            _PASSES.pop(key, None)
             while len(_PASSES) >= PASSES_KEPT:
                 _PASSES.pop(next(iter(_PASSES)))
             _PASSES[key] = found
-    built, after = found
+    _, built, after = found
     seen.update(after)
     return built
 
