@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import struct
 import sys
 import tempfile
 import threading
@@ -38,11 +37,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import CACHE, answer_rows, write_result  # noqa: E402
+from bench.common import CACHE, answer_rows, followed_daemon, write_result, written  # noqa: E402
 from bench.spark_queries import backbone_sql, canonical, truth  # noqa: E402
 from bench.traces import trace  # noqa: E402
-from collector.config import SourceConfig, SparkConfig, load_settings  # noqa: E402
-from collector.daemon.service import Collector  # noqa: E402
+from collector.config import SparkConfig  # noqa: E402
 from planner.query import parse_queries  # noqa: E402
 
 PERIOD = 5
@@ -141,30 +139,15 @@ class Writer(threading.Thread):
                     at += n
                 k += 1
 
-    def written(self, p: dict) -> dict:
-        rows = np.concatenate(self.rows)
-        n = len(p["ts_us"])
-        out = {key: v[rows] for key, v in p.items() if len(v) == n}
-        out["ts_us"] = np.concatenate(self.stamps)
-        return out
 
 
 def run(engine: str, p: dict, trace_path: Path, offsets: np.ndarray, sql: str,
         rates: list[int], step: float) -> dict:
     """One daemon answering with ``engine`` on the rising rates: per rate its windows."""
     var = Path(tempfile.mkdtemp(prefix="bench-daemon-spark-", dir=CACHE))
-    queries = var / "queries.sql"
-    queries.write_text(sql)
-    path = var / "live.pcap"
-    path.write_bytes(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 128, 1))
     try:
-        c = Collector(load_settings(
-            var_dir=var, initial_queries=str(queries),
-            spark=SparkConfig(watermark_delay_s=DELAY_S, trigger_s=TRIGGER_S,
-                              answer_engine=engine),
-            sources=[SourceConfig(type="pcap", name="live", path=str(path), follow=True,
-                                  restamp=True)]))
-        c.start(with_sources=True, with_spark=True)
+        c, path = followed_daemon(var, sql, spark=SparkConfig(
+            watermark_delay_s=DELAY_S, trigger_s=TRIGGER_S, answer_engine=engine))
         qs = {q.name: q for q in parse_queries(sql)}
         first = next(iter(qs.values()))
         # a first step at the lowest rate, not counted: the JVM's first jobs
@@ -189,17 +172,18 @@ def run(engine: str, p: dict, trace_path: Path, offsets: np.ndarray, sql: str,
             time.sleep(0.1)
         if writer.error is not None:
             raise writer.error
-        wrote = writer.written(p)
+        wrote = written(p, writer.rows, writer.stamps)
         last = int(wrote["ts_us"].max() // 1_000_000) // PERIOD * PERIOD
         deadline = time.time() + 600
         while time.time() < deadline and (seen is None or seen <= last):
             poll()
             time.sleep(0.1)
+        got_all = {name: answer_rows(q, c.results(name)) for name, q in qs.items()}
         c.stop()
         exact: dict[int, bool] = {}
         for q in qs.values():
             bucket = next(o.name for o in q.outputs if o.kind == "bucket")
-            got = answer_rows(q, _results(var, q))
+            got = got_all[q.name]
             want = truth(q, wrote)
             for w in {r[bucket] for r in want} | {r[bucket] for r in got}:
                 same = canonical(q, [r for r in got if r[bucket] == w]) == \
@@ -232,11 +216,6 @@ def run(engine: str, p: dict, trace_path: Path, offsets: np.ndarray, sql: str,
                 "writer_behind_s": writer.behind_s, "steps": steps, "highest_rate": best}
     finally:
         shutil.rmtree(var, ignore_errors=True)
-
-
-def _results(var: Path, q):
-    from collector.daemon.results import read_results
-    return read_results(var / "results", q)
 
 
 def main() -> int:

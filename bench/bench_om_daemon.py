@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
-import struct
 import sys
 import tempfile
 import threading
@@ -37,11 +36,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import CACHE, answer_rows, spark_rows, write_result  # noqa: E402
+from bench.common import (  # noqa: E402
+    CACHE,
+    answer_rows,
+    followed_daemon,
+    spark_rows,
+    write_result,
+    written,
+)
 from bench.spark_queries import canonical, truth  # noqa: E402
 from bench.traces import records, trace  # noqa: E402
-from collector.config import OmConfig, SourceConfig, SparkConfig, load_settings  # noqa: E402
-from collector.daemon.service import Collector  # noqa: E402
+from collector.config import OmConfig, SparkConfig  # noqa: E402
 from planner.query import parse_queries  # noqa: E402
 
 PERIOD = 5
@@ -133,27 +138,15 @@ class Writer(threading.Thread):
 
     def written(self) -> dict:
         """The packets written, as the generator's arrays with their new stamps."""
-        rows = np.concatenate(self.rows)
-        n = len(self.p["ts_us"])
-        out = {k: v[rows] for k, v in self.p.items() if len(v) == n}
-        out["ts_us"] = np.concatenate(self.stamps)
-        return out
+        return written(self.p, self.rows, self.stamps)
 
 
 def run(om: bool, p: dict, seconds: float) -> dict:
     """One daemon, OM on or off, on the schedule; its memory, rows and answers."""
     var = Path(tempfile.mkdtemp(prefix="bench-om-", dir=CACHE))
-    queries = var / "queries.sql"
-    queries.write_text(QUERIES)
-    path = var / "live.pcap"
-    path.write_bytes(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 128, 1))
     try:
-        c = Collector(load_settings(
-            var_dir=var, initial_queries=str(queries),
-            spark=SparkConfig(watermark_delay_s=2 * PERIOD), om=OmConfig(enabled=om),
-            sources=[SourceConfig(type="pcap", name="live", path=str(path), follow=True,
-                                  restamp=True)]))
-        c.start(with_sources=True, with_spark=True)
+        c, path = followed_daemon(var, QUERIES, spark=SparkConfig(watermark_delay_s=2 * PERIOD),
+                                  om=OmConfig(enabled=om))
         writer = Writer(path, p, seconds)
         held, nbytes = [], []
         writer.start()

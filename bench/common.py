@@ -42,3 +42,34 @@ def write_result(name: str, data: dict) -> Path:
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     tmp.replace(path)
     return path
+
+
+def followed_daemon(var: Path, sql: str, **settings):
+    """A daemon with Spark following ``var/live.pcap``, an empty pcap that a writer appends
+    to (``follow``, ``restamp``), the queries of ``sql`` registered, ``settings`` (e.g.
+    ``spark``, ``om``) over the defaults, started: (the daemon, the pcap's path)."""
+    import struct
+
+    from collector.config import SourceConfig, load_settings
+    from collector.daemon.service import Collector
+    queries = var / "queries.sql"
+    queries.write_text(sql)
+    path = var / "live.pcap"
+    path.write_bytes(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 128, 1))
+    c = Collector(load_settings(
+        var_dir=var, initial_queries=str(queries), **settings,
+        sources=[SourceConfig(type="pcap", name="live", path=str(path), follow=True,
+                              restamp=True)]))
+    c.start(with_sources=True, with_spark=True)
+    return c, path
+
+
+def written(p: dict, rows: list, stamps: list) -> dict:
+    """The packets a live writer wrote: the generator's arrays ``p`` at ``rows`` (chunks of
+    row numbers) with the time stamps it gave them."""
+    import numpy as np
+    taken = np.concatenate(rows)
+    n = len(p["ts_us"])
+    out = {k: v[taken] for k, v in p.items() if len(v) == n}
+    out["ts_us"] = np.concatenate(stamps)
+    return out

@@ -16,6 +16,8 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import groupby
+from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
@@ -128,19 +130,14 @@ def read_pieces(query: Query, chosen: list[Piece]) -> Iterator[pa.Table]:
     whose pieces are in several files (a spread answer's) merged into the query's order."""
     files: dict[Path, pq.ParquetFile] = {}
     try:
-        i = 0
-        while i < len(chosen):
-            j = i + 1
-            if not query.is_selection:
-                while j < len(chosen) and chosen[j].start == chosen[i].start:
-                    j += 1
-            run = chosen[i:j]
+        # a selection's pieces one by one; an aggregate's by window
+        for _, pieces_ in groupby(chosen, key=id if query.is_selection else attrgetter("start")):
+            run = list(pieces_)
             if len({p.path for p in run}) > 1:
                 yield from _merged(query, run, files)
             else:
                 for p in run:
                     yield from _read(query, p, files)
-            i = j
     finally:
         for f in files.values():
             f.close()
