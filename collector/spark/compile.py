@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 from functools import reduce
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from sqlglot import exp
 
@@ -45,6 +45,8 @@ from capture.fields import (
     key_field,
 )
 from collector.keys import KeyLayout
+from collector.spark import sqltext as S
+from collector.spark.sqltext import Expr
 from planner.ir import Query
 
 I64_MAX = (1 << 63) - 1  # the LFTA's min of NULL measures only (lfta_kernels)
@@ -69,72 +71,72 @@ def compiles(query: Query) -> bool:
 
 # -- the packed key (collector/keys.py), read by Spark's expressions
 
-def _word(data: Column, i: int, network: bool = False) -> Column:
+def _word(data: Expr, i: int, network: bool = False) -> Expr:
     """The ``i``-th int64 word of binary ``data``: little-endian (a packed key), or in network
     order (an address's 64-bit halves)."""
-    word = F.substring(data, 8 * i + 1, 8)
-    return F.conv(F.hex(word if network else F.reverse(word)), 16, -10).cast("bigint")
+    word = S.substring(data, 8 * i + 1, 8)
+    return S.conv(S.hex(word if network else S.reverse(word)), 16, -10).cast("bigint")
 
 
-def decoded(stream: str, label: str, key: Column) -> dict[str, list[Column]]:
+def decoded(stream: str, label: str, key: Expr) -> dict[str, list[Expr]]:
     """Each packed key of a node layout as typed columns: an address as [high, low] 64-bit
     halves, an integer or code as [value], the string key as [text]; NULL where the tuple had
     none."""
     layout = KeyLayout.parse(stream, label)
-    out: dict[str, list[Column]] = {}
+    out: dict[str, list[Expr]] = {}
     for name, (at, _) in layout.offsets().items():
         kind = fields(stream)[key_field(name)[0]].kind
         # a flag word: its bytes compared, not converted (conv() is most of a word's read)
-        present = F.substring(key, 8 * at + 1, 8) != F.lit(bytearray(8))
+        present = S.substring(key, 8 * at + 1, 8) != S.lit(bytearray(8))
         if kind == IP:
-            out[name] = [F.when(present, _word(key, at + 1)),
-                         F.when(present, _word(key, at + 2))]
+            out[name] = [S.when(present, _word(key, at + 1)),
+                         S.when(present, _word(key, at + 2))]
         elif kind == STRING:
-            tail = F.substring(key, 8 * layout.words + 1, 1 << 30).cast("string")
-            out[name] = [F.when(present, tail)]
+            tail = S.substring(key, 8 * layout.words + 1, 1 << 30).cast("string")
+            out[name] = [S.when(present, tail)]
         else:
             v = _word(key, at)
-            out[name] = [F.when(v >= 0, v)]
+            out[name] = [S.when(v >= 0, v)]
     return out
 
 
-def holds_slot(label: str, stream: str, key: Column, slot: int) -> Column | None:
+def holds_slot(label: str, stream: str, key: Expr, slot: int) -> Expr | None:
     """Whether a row of the layout carries query slot ``slot`` (None: the layout has no room
     for it)."""
     layout = KeyLayout.parse(stream, label)
     if slot >= 64 * layout.q_words:
         return None
     word = _word(key, layout.field_words + slot // 64)
-    return F.shiftright(word, slot % 64).bitwiseAND(F.lit(1)) == 1
+    return S.shiftright(word, slot % 64).bitwiseAND(S.lit(1)) == 1
 
 
 # -- text
 
-def _v6_plain(hi: Column, lo: Column) -> Column:
+def _v6_plain(hi: Expr, lo: Expr) -> Expr:
     """The eight groups of an address in hex, uncompressed."""
-    groups = [F.shiftrightunsigned(half, 48 - 16 * j).bitwiseAND(F.lit(0xFFFF))
+    groups = [S.shiftrightunsigned(half, 48 - 16 * j).bitwiseAND(S.lit(0xFFFF))
               for half in (hi, lo) for j in range(4)]
     # hex() and concat_ws, not format_string: java.util.Formatter costs a microsecond a call
-    return F.concat_ws(":", *(lower_hex(g) for g in groups))
+    return S.concat_ws(":", *(lower_hex(g) for g in groups))
 
 
-def lower_hex(value: Column) -> Column:
+def lower_hex(value: Expr) -> Expr:
     """``value`` (a number or binary) in lower-case hex. Not ``lower()``: Spark's case mapping
     goes through ICU, whose first use costs a fresh JVM about half a second of class set-up."""
-    return F.translate(F.hex(value), "ABCDEF", "abcdef")
+    return S.translate(S.hex(value), "ABCDEF", "abcdef")
 
 
-def _v6_compressed(padded: Column) -> Column:
+def _v6_compressed(padded: Expr) -> Expr:
     """RFC 5952 text from ``:<groups>:`` (the groups padded with a colon at each end), as
     Python's ``ipaddress`` writes it: the first of the longest runs of two or more zero groups
     as ``::``. ``padded`` should be a column of its own (it is read 14 times)."""
-    out = F.regexp_replace(F.regexp_replace(padded, "^:", ""), ":$", "")
+    out = S.regexp_replace(S.regexp_replace(padded, "^:", ""), ":$", "")
     for k in range(2, 9):  # the longest run wins: the CASE tries 8 first
         run = f"(:0){{{k}}}:"
-        cut = F.regexp_replace(padded, f"^(.*?){run}(.*)$", "$1::$3")
+        cut = S.regexp_replace(padded, f"^(.*?){run}(.*)$", "$1::$3")
         # the padding's colons go, not those of a leading or trailing ::
-        text = F.regexp_replace(F.regexp_replace(cut, "^:(?!:)", ""), "(?<!:):$", "")
-        out = F.when(padded.rlike(run), text).otherwise(out)
+        text = S.regexp_replace(S.regexp_replace(cut, "^:(?!:)", ""), "(?<!:):$", "")
+        out = S.when(padded.rlike(run), text).otherwise(out)
     return out
 
 
@@ -151,24 +153,24 @@ def with_address_text(frame: DataFrame, column: str, hi: str, lo: str,
 def _address_text(column: str, hi: str, lo: str, bits: int | None = None
                   ) -> Callable[[DataFrame], DataFrame]:
     """``with_address_text``'s steps, their expressions built once."""
-    h, w = F.col(hi), F.col(lo)
-    mapped = (h == 0) & (F.shiftright(w, 32) == 0xFFFF)
-    quad = F.concat_ws(".", *(F.shiftright(w, s).bitwiseAND(F.lit(255)).cast("string")
+    h, w = S.col(hi), S.col(lo)
+    mapped = (h == 0) & (S.shiftright(w, 32) == 0xFFFF)
+    quad = S.concat_ws(".", *(S.shiftright(w, s).bitwiseAND(S.lit(255)).cast("string")
                               for s in (24, 16, 8, 0)))
     pad = f"_{column}_padded"
-    padded = F.when(h.isNotNull() & ~mapped, F.concat(F.lit(":"), _v6_plain(h, w), F.lit(":")))
-    text = F.when(mapped, quad).otherwise(_v6_compressed(F.col(pad)))
+    padded = S.when(h.isNotNull() & ~mapped, S.concat(S.lit(":"), _v6_plain(h, w), S.lit(":")))
+    text = S.when(mapped, quad).otherwise(_v6_compressed(S.col(pad)))
     if bits is not None:
-        text = F.concat(text, F.when(mapped, F.lit(f"/{min(bits, 32)}"))
-                        .otherwise(F.lit(f"/{min(bits, 128)}")))
-    text = F.when(h.isNotNull(), text)
-    return lambda frame: frame.withColumn(pad, padded).withColumn(column, text).drop(pad)
+        text = S.concat(text, S.when(mapped, S.lit(f"/{min(bits, 32)}"))
+                        .otherwise(S.lit(f"/{min(bits, 128)}")))
+    text = S.when(h.isNotNull(), text)
+    return lambda frame: S.with_column(S.with_column(frame, pad, padded), column, text).drop(pad)
 
 
-def letters_text(code: Column) -> Column:
+def letters_text(code: Expr) -> Expr:
     """A two-letter code as its letters."""
-    return F.when(code >= 0, F.concat(F.char(F.shiftright(code, 8).bitwiseAND(F.lit(255))),
-                                      F.char(code.bitwiseAND(F.lit(255)))))
+    return S.when(code >= 0, S.concat(S.char(S.shiftright(code, 8).bitwiseAND(S.lit(255))),
+                                      S.char(code.bitwiseAND(S.lit(255)))))
 
 
 # -- a query's answer
@@ -183,33 +185,33 @@ def node_rows(merged: DataFrame, query: Query, slot: int, labels: Iterable[str])
         layout = KeyLayout.parse(query.stream, label)
         if not set(keys) <= set(layout.keys):
             continue
-        test = holds_slot(label, query.stream, F.col("key"), slot)
+        test = holds_slot(label, query.stream, S.col("key"), slot)
         if test is None:
             continue
-        cols = decoded(query.stream, label, F.col("key"))
-        select = [F.col("window_start")]
+        cols = decoded(query.stream, label, S.col("key"))
+        select = [S.col("window_start")]
         for i, k in enumerate(keys):
             select += [c.alias(f"k{i}_{j}") for j, c in enumerate(cols[k])]
-        select.append(F.col("cnt"))
+        select.append(S.col("cnt"))
         for m in query.measures:
-            select += [F.col(f"{a}_{m}") for a in ("sum", "min", "max")]
+            select += [S.col(f"{a}_{m}") for a in ("sum", "min", "max")]
         if query.approx:
-            select.append(F.col("hll"))
-        parts.append(merged.where((F.col("node") == label) & test).select(*select))
+            select.append(S.col("hll"))
+        parts.append(S.select(S.where(merged, (S.col("node") == label) & test), *select))
     if not parts:  # no row of these layouts holds the slot: no row, in the same columns
         cat = fields(query.stream)
-        select = [F.col("window_start")]
+        select = [S.col("window_start")]
         for i, k in enumerate(keys):
             kind = cat[key_field(k)[0]].kind
-            select += [F.lit(None).cast("bigint").alias(f"k{i}_{j}") for j in range(2)] \
-                if kind == IP else [F.lit(None).cast("string" if kind == STRING else "bigint")
+            select += [S.lit(None).cast("bigint").alias(f"k{i}_{j}") for j in range(2)] \
+                if kind == IP else [S.lit(None).cast("string" if kind == STRING else "bigint")
                                     .alias(f"k{i}_0")]
-        select.append(F.col("cnt"))
+        select.append(S.col("cnt"))
         for m in query.measures:
-            select += [F.col(f"{a}_{m}") for a in ("sum", "min", "max")]
+            select += [S.col(f"{a}_{m}") for a in ("sum", "min", "max")]
         if query.approx:
-            select.append(F.col("hll"))
-        return merged.where(F.lit(False)).select(*select)
+            select.append(S.col("hll"))
+        return S.select(S.where(merged, S.lit(False)), *select)
     out = parts[0]
     for p in parts[1:]:
         out = out.unionByName(p)
@@ -221,22 +223,22 @@ def _key_parts(query: Query, i: int, key: str) -> list[str]:
     return [f"k{i}_0", f"k{i}_1"] if kind == IP else [f"k{i}_0"]
 
 
-def rollup(measures: Iterable[str]) -> list[Column]:
+def rollup(measures: Iterable[str]) -> list[Expr]:
     """Partial rows merged: counts and sums added, minima and maxima kept."""
-    out = [F.sum("cnt").alias("cnt")]
+    out = [S.sum("cnt").alias("cnt")]
     for m in measures:
-        out += [F.sum(f"sum_{m}").alias(f"sum_{m}"), F.min(f"min_{m}").alias(f"min_{m}"),
-                F.max(f"max_{m}").alias(f"max_{m}")]
+        out += [S.sum(f"sum_{m}").alias(f"sum_{m}"), S.min(f"min_{m}").alias(f"min_{m}"),
+                S.max(f"max_{m}").alias(f"max_{m}")]
     return out
 
 
-def _output(query: Query, o, parts: dict[str, list[Column]], epoch: Column
-            ) -> tuple[str, Column | tuple[Column, Column]]:
+def _output(query: Query, o, parts: dict[str, list[Expr]], epoch: Expr
+            ) -> tuple[str, Expr | tuple[Expr, Expr]]:
     """An output over rolled-up rows (``cnt``, ``sum_``/``min_``/``max_``, ``distinct_``,
     ``approx_``; a key's ``parts``): ("value", its column), ("address", its 64-bit halves, to
     be written as text) or ("code", a text code, to be looked up in the dictionary)."""
     if o.kind == "bucket":
-        return "value", F.floor(epoch / query.period).cast("bigint")
+        return "value", S.floor(epoch / query.period).cast("bigint")
     if o.kind == "key":
         base, _ = key_field(o.field)
         f, p = fields(query.stream)[base], parts[o.field]
@@ -248,18 +250,18 @@ def _output(query: Query, o, parts: dict[str, list[Column]], epoch: Column
             return "value", letters_text(p[0])
         return "value", p[0].cast("int") if f.kind == INT32 else p[0]
     if o.func == "count":
-        return "value", F.col("cnt")
+        return "value", S.col("cnt")
     if o.func == "count_distinct":
-        return "value", F.col(f"distinct_{o.field}")
+        return "value", S.col(f"distinct_{o.field}")
     if o.func == "approx_distinct":
-        return "value", F.col(f"approx_{o.field}").cast("bigint")
+        return "value", S.col(f"approx_{o.field}").cast("bigint")
     if o.func == "avg":
-        return "value", F.col(f"sum_{o.field}").cast("double") / \
-            F.greatest(F.col("cnt"), F.lit(1)).cast("double")
+        return "value", S.col(f"sum_{o.field}").cast("double") / \
+            S.greatest(S.col("cnt"), S.lit(1)).cast("double")
     if o.func in ("min", "max"):  # a min or max of NULL measures only is NULL
-        v = F.col(f"{o.func}_{o.field}")
-        return "value", F.when((v != I64_MAX) & (v >= 0), v)
-    return "value", F.col(f"{o.func}_{o.field}")
+        v = S.col(f"{o.func}_{o.field}")
+        return "value", S.when((v != I64_MAX) & (v >= 0), v)
+    return "value", S.col(f"{o.func}_{o.field}")
 
 
 def answer_frame(merged: DataFrame, query: Query, slot: int, labels: Iterable[str],
@@ -278,23 +280,23 @@ def answer_frame(merged: DataFrame, query: Query, slot: int, labels: Iterable[st
     group = ["window_start", *(p for k in query.keys for p in parts[k])]
     aggs = rollup(query.measures)
     for f in query.distinct:  # NULL is not a value: countDistinct skips it
-        aggs.append(F.count_distinct(*(F.col(p) for p in parts[f])).alias(f"distinct_{f}"))
+        aggs.append(S.count_distinct(*(S.col(p) for p in parts[f])).alias(f"distinct_{f}"))
     for f in query.approx:
-        aggs.append(F.hll_sketch_estimate(F.hll_union_agg("hll", True)).alias(f"approx_{f}"))
-    merged_keys = rows.groupBy(*group).agg(*aggs)
+        aggs.append(S.hll_sketch_estimate(S.hll_union_agg("hll", True)).alias(f"approx_{f}"))
+    merged_keys = rows.groupBy(*group).agg(*map(S.column, aggs))
 
-    cols: dict[str, Column] = {}
-    epoch = F.unix_seconds("window_start")
-    columns = {k: [F.col(c) for c in p] for k, p in parts.items()}
+    cols: dict[str, Expr] = {}
+    epoch = S.unix_seconds("window_start")
+    columns = {k: [S.col(c) for c in p] for k, p in parts.items()}
     for o in query.outputs:
         kind, c = _output(query, o, columns, epoch)
         if kind == "address":  # the halves here, the text below
             cols[f"_{o.name}_hi"], cols[f"_{o.name}_lo"] = c
         else:  # a text code is a code until the dictionary's join below
             cols[o.name] = c
-    out = merged_keys.select(*(c.alias(n) for n, c in cols.items()), "window_start")
+    out = S.select(merged_keys, *(c.alias(n) for n, c in cols.items()), "window_start")
     for cond in query.having:
-        out = out.where(F.expr(f"`{cond.column}` {SQL_OPS[cond.op]} {cond.value!r}"))
+        out = S.where(out, S.expr(f"`{cond.column}` {SQL_OPS[cond.op]} {cond.value!r}"))
     for o in query.outputs:
         if o.kind != "key":
             continue
@@ -313,11 +315,11 @@ def selection_frame(tuples: DataFrame, query: Query, slot: int) -> DataFrame:
     ``answers.answer_schema``'s columns."""
     from collector.spark.answers import answer_schema, spark_type
     cat = fields(query.stream)
-    word = F.get(F.col("qmask"), slot // 64)  # NULL past the mask's end
-    mine = tuples.where(F.shiftright(word, slot % 64).bitwiseAND(F.lit(1)) == 1)
+    word = S.get(S.col("qmask"), slot // 64)  # NULL past the mask's end
+    mine = S.where(tuples, S.shiftright(word, slot % 64).bitwiseAND(S.lit(1)) == 1)
     cols, addresses = [], []
     for o in query.outputs:
-        kind, c = cat[o.field].kind, F.col(o.field)
+        kind, c = cat[o.field].kind, S.col(o.field)
         if kind == IP:
             cols += [_word(c, 0, network=True).alias(f"_{o.name}_hi"),
                      _word(c, 1, network=True).alias(f"_{o.name}_lo")]
@@ -325,11 +327,11 @@ def selection_frame(tuples: DataFrame, query: Query, slot: int) -> DataFrame:
         else:
             cols.append((lower_hex(c) if kind == BYTES else c).alias(o.name))
     ts = next(f.name for f in cat.values() if f.kind == TS)  # packets: ts; flows: first_switched
-    out = mine.select(*cols, F.col(ts).alias("_ts"))
+    out = S.select(mine, *cols, S.col(ts).alias("_ts"))
     for name in addresses:
         out = with_address_text(out, name, f"_{name}_hi", f"_{name}_lo")
-    return out.select(*(F.col(f"`{f.name}`").cast(spark_type(f.type)).alias(f.name)
-                        for f in answer_schema(query)))
+    return S.select(out, *(S.col(f"`{f.name}`").cast(spark_type(f.type)).alias(f.name)
+                           for f in answer_schema(query)))
 
 
 def plain(query: Query) -> bool:
@@ -350,20 +352,20 @@ _OPS = {"=": "__eq__", "!=": "__ne__", "<": "__lt__", "<=": "__le__", ">": "__gt
 SLOT = "_slot"
 
 
-def _case(by_slot: dict[int, Column], every: Collection[int]) -> Column:
+def _case(by_slot: dict[int, Expr], every: Collection[int]) -> Expr:
     """One column that is ``by_slot[s]`` on a row of slot ``s`` (NULL for other slots): slots
     of one expression share a branch, and an expression of every slot in ``every`` needs no
     CASE (50 branches of one key's decoding outgrew the JVM's method size: no code
     generation, 20 µs a row)."""
-    branches: dict[str, tuple[Column, list[int]]] = {}
+    branches: dict[str, tuple[Expr, list[int]]] = {}
     for s, c in by_slot.items():
         branches.setdefault(str(c), (c, []))[1].append(s)
     if len(branches) == 1 and set(by_slot) >= set(every):
         return next(iter(branches.values()))[0]
     out = None
     for c, slots in branches.values():
-        test = F.col(SLOT) == slots[0] if len(slots) == 1 else F.col(SLOT).isin(slots)
-        out = F.when(test, c) if out is None else out.when(test, c)
+        test = S.col(SLOT) == slots[0] if len(slots) == 1 else S.col(SLOT).isin(slots)
+        out = S.when(test, c) if out is None else out.when(test, c)
     return out
 
 
@@ -410,21 +412,21 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
     stream = queries[0][1].stream
     cat = fields(stream)
     layouts = {label: KeyLayout.parse(stream, label) for label in sorted(set(labels))}
-    key, node = F.col("key"), F.col("node")
+    key, node = S.col("key"), S.col("node")
     # 1. each row's query-bit pattern: the bytes of its key that hold it, by its layout
     index = {label: i for i, label in enumerate(layouts)}
     pat = None
     for label, lay in layouts.items():
-        v = F.substring(key, 8 * lay.field_words + 1, 8 * lay.q_words)
-        pat = F.when(node == label, v) if pat is None else pat.when(node == label, v)
+        v = S.substring(key, 8 * lay.field_words + 1, 8 * lay.q_words)
+        pat = S.when(node == label, v) if pat is None else pat.when(node == label, v)
     # 2. the slots of each distinct (layout, pattern), tested on those few rows and joined
     # back to every row (a broadcast hash join: a row goes out once per slot its pattern
     # holds); the slots tested on every row, an explode of every slot then a filter, cost
     # 6 µs a row. Each slot's key is cut to its query's keys (bytes of the packed key)
-    layout, pattern = F.col("_layout"), F.col("_pat")
+    layout, pattern = S.col("_layout"), S.col("_pat")
     which = None
     for label, i in index.items():
-        which = F.when(node == label, i) if which is None else which.when(node == label, i)
+        which = S.when(node == label, i) if which is None else which.when(node == label, i)
     words = max((lay.q_words for lay in layouts.values()), default=0)
     pattern_words = [_word(pattern, w).alias(f"_p{w}") for w in range(words)]
     slots, cuts, packed = [], {}, {}
@@ -443,46 +445,46 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
                 else:
                     runs.append(list(at[k]))
             # one substring a run (a concat of adjacent ones cost 3x the grouping)
-            cut = [F.substring(key, 8 * a + 1, 8 * n) for a, n in runs]
+            cut = [S.substring(key, 8 * a + 1, 8 * n) for a, n in runs]
             if packed[s].string is not None:
-                cut.append(F.substring(key, 8 * lay.words + 1, 1 << 30))
-            bit = F.shiftright(F.col(f"_p{s // 64}"), s % 64).bitwiseAND(F.lit(1)) == 1
+                cut.append(S.substring(key, 8 * lay.words + 1, 1 << 30))
+            bit = S.shiftright(S.col(f"_p{s // 64}"), s % 64).bitwiseAND(S.lit(1)) == 1
             mine = (layout == index[label]) & bit
             held = mine if held is None else held | mine
-            value = (cut[0] if len(cut) == 1 else F.concat(*cut)) if cut else \
-                F.lit(bytearray())
+            value = (cut[0] if len(cut) == 1 else S.concat(*cut)) if cut else \
+                S.lit(bytearray())
             cuts.setdefault((label, str(value)), (value, []))[1].append(s)
         if held is not None:
-            slots.append(F.when(held, F.lit(s)))
+            slots.append(S.when(held, S.lit(s)))
     if not slots:
         return None
     cut_key = None
     for (label, _), (value, mine) in cuts.items():
-        test = F.col(SLOT).isin(mine)
+        test = S.col(SLOT).isin(mine)
         if len(layouts) > 1:
             test = (layout == index[label]) & test
         if len(cuts) == 1 and len(layouts) == 1:
             cut_key = value  # every slot cuts alike
         else:
-            cut_key = F.when(test, value) if cut_key is None else cut_key.when(test, value)
+            cut_key = S.when(test, value) if cut_key is None else cut_key.when(test, value)
     measures = sorted({m for _, q in queries for m in q.measures})
     values = ["cnt", *(f"{a}_{m}" for m in measures for a in ("sum", "min", "max"))]
     every = [s for s, _ in queries]
-    rolled_up = rollup(measures)
-    with_pat = [F.col(c) for c in ("window_start", *values, "key", "node")] + [pat.alias("_pat")]
+    agg_of = [S.column(a) for a in rollup(measures)]
+    with_pat = [S.col(c) for c in ("window_start", *values, "key", "node")] + [pat.alias("_pat")]
     layout_of = which.alias("_layout")
-    slot_list = F.explode(F.array(*slots)).alias(SLOT)
+    slot_list = S.explode(S.array(*slots)).alias(SLOT)
     cut_as = cut_key.alias("_key")
     # 3. each slot's outputs: numbers at once, addresses and text codes by staging columns
-    epoch = F.unix_seconds("window_start")
-    numbers: dict[int, dict[str, Column]] = {}
-    addresses: dict[tuple[str, int | None], dict[int, tuple[Column, Column]]] = {}
-    codes: dict[str, dict[int, Column]] = {}
-    parts_of: dict[str, dict[str, list[Column]]] = {}  # a cut's layout, decoded once
+    epoch = S.unix_seconds("window_start")
+    numbers: dict[int, dict[str, Expr]] = {}
+    addresses: dict[tuple[str, int | None], dict[int, tuple[Expr, Expr]]] = {}
+    codes: dict[str, dict[int, Expr]] = {}
+    parts_of: dict[str, dict[str, list[Expr]]] = {}  # a cut's layout, decoded once
     for s, q in queries:
         label = packed[s].label
         parts = parts_of.get(label) or parts_of.setdefault(
-            label, decoded(stream, label, F.col("_key")))
+            label, decoded(stream, label, S.col("_key")))
         mine = numbers[s] = {}
         for o in q.outputs:
             kind, c = _output(q, o, parts, epoch)
@@ -493,13 +495,13 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
             else:
                 mine[o.name] = c
     if any(q.having for _, q in queries):  # a comparison with NULL drops the row, as SQL's
-        keep = {s: F.coalesce(reduce(lambda a, b: a & b, [
-            getattr(numbers[s][c.column], _OPS[c.op])(F.lit(c.value)) for c in q.having]),
-            F.lit(False)) if q.having else F.lit(True) for s, q in queries}
+        keep = {s: S.coalesce(reduce(lambda a, b: a & b, [
+            getattr(numbers[s][c.column], _OPS[c.op])(S.lit(c.value)) for c in q.having]),
+            S.lit(False)) if q.having else S.lit(True) for s, q in queries}
         having = _case(keep, every)
     else:
         having = None
-    staged = [F.col(SLOT), F.col("window_start"), F.col("_key"), *(F.col(v) for v in values)]
+    staged = [S.col(SLOT), S.col("window_start"), S.col("_key"), *(S.col(v) for v in values)]
     as_text: dict[tuple[str, int | None], str] = {}  # (output, bits) -> its text column
     for i, ((name, bits), by_slot) in enumerate(addresses.items()):
         as_text[(name, bits)] = f"_a{i}"
@@ -510,7 +512,7 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
     texts = [_address_text(column, f"{column}_hi", f"{column}_lo", bits)
              for (_, bits), column in as_text.items()]
     # 4. the outputs' columns, each the CASE of the slots that have it
-    columns: dict[str, dict[int, Column]] = {}
+    columns: dict[str, dict[int, Expr]] = {}
     names: dict[int, dict[str, str]] = {}
     for s, q in queries:
         mine = dict(numbers[s])
@@ -518,10 +520,10 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
             if o.kind == "key":
                 base, bits = key_field(o.field)
                 if cat[base].kind == IP:
-                    mine[o.name] = F.col(as_text[(o.name, bits)])
+                    mine[o.name] = S.col(as_text[(o.name, bits)])
                 elif s in codes.get(o.name, {}):
-                    mine[o.name] = F.col(coded[o.name])
-        mine["window_end"] = F.timestamp_seconds(epoch + F.lit(q.period))
+                    mine[o.name] = S.col(coded[o.name])
+        mine["window_end"] = S.timestamp_seconds(epoch + S.lit(q.period))
         names[s] = {}
         for f in answer_schema(q):
             if f.name == "window_start":
@@ -530,7 +532,7 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
             as_ = f.name if seen.setdefault(f.name, kind) == kind else f"{f.name}__{kind}"
             names[s][f.name] = as_
             columns.setdefault(as_, {})[s] = mine[f.name].cast(kind)
-    outputs = [F.col(SLOT), F.col("window_start"),
+    outputs = [S.col(SLOT), S.col("window_start"),
                *(_case(by_slot, every).alias(name) for name, by_slot in columns.items())]
     rank, spread_rank = (_ranked_slots(queries, names, ranked, over) for over in
                          ([SLOT], [SLOT, BUCKET]))
@@ -538,14 +540,13 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
 
     def run(merged: DataFrame, dictionary: DataFrame | None, tasks: int,
             buckets: dict[int, int] | None = None) -> DataFrame:
-        rows = merged.select(*with_pat)
-        slot_of = (rows.select("node", "_pat").distinct()
-                   .select("node", "_pat", layout_of)
-                   .select("node", "_pat", "_layout", *pattern_words)
-                   .select("node", "_pat", "_layout", slot_list)
-                   .where(F.col(SLOT).isNotNull()))
-        joined = (rows.join(F.broadcast(slot_of), ["node", "_pat"])
-                  .select("window_start", *values, SLOT, cut_as))
+        rows = S.select(merged, *with_pat)
+        slot_of = S.select(S.select(rows, "node", "_pat").distinct(), "node", "_pat", layout_of)
+        slot_of = S.select(slot_of, "node", "_pat", "_layout", *pattern_words)
+        slot_of = S.where(S.select(slot_of, "node", "_pat", "_layout", slot_list),
+                          S.col(SLOT).isNotNull())
+        joined = S.select(rows.join(F.broadcast(slot_of), ["node", "_pat"]),
+                          "window_start", *values, SLOT, cut_as)
         spread: dict[int, list[int]] = {}  # buckets -> the slots spread over as many
         for s, n in (buckets or {}).items():
             if n > 1 and s not in whole:
@@ -553,24 +554,24 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
         if spread:
             bucket = None
             for n, slots_n in spread.items():
-                b = F.pmod(F.xxhash64("_key"), F.lit(n)).cast("int")
-                test = F.col(SLOT).isin(slots_n)
-                bucket = F.when(test, b) if bucket is None else bucket.when(test, b)
-            rolled = (joined.withColumn(BUCKET, bucket.otherwise(F.lit(0)))
+                b = S.pmod(S.xxhash64("_key"), S.lit(n)).cast("int")
+                test = S.col(SLOT).isin(slots_n)
+                bucket = S.when(test, b) if bucket is None else bucket.when(test, b)
+            rolled = (S.with_column(joined, BUCKET, bucket.otherwise(S.lit(0)))
                       .repartition(max(1, tasks, *spread), SLOT, BUCKET)
-                      .groupBy("window_start", SLOT, BUCKET, "_key").agg(*rolled_up))
+                      .groupBy("window_start", SLOT, BUCKET, "_key").agg(*agg_of))
         else:
             rolled = (joined.repartition(max(1, tasks), SLOT)
-                      .groupBy("window_start", SLOT, "_key").agg(*rolled_up))
+                      .groupBy("window_start", SLOT, "_key").agg(*agg_of))
         if having is not None:
-            rolled = rolled.where(having)
-        extra = [F.col(BUCKET)] if spread else []
-        frame = rolled.select(*staged, *extra)
+            rolled = S.where(rolled, having)
+        extra = [BUCKET] if spread else []
+        frame = S.select(rolled, *staged, *extra)
         for text in texts:
             frame = text(frame)
         for column in coded.values():
             frame = _texts(frame, column, dictionary)
-        return (spread_rank if spread else rank)(frame.select(*outputs, *extra))
+        return (spread_rank if spread else rank)(S.select(frame, *outputs, *extra))
     return run, names
 
 
@@ -581,14 +582,15 @@ def slot_rows(merged: DataFrame, stream: str, held: dict[str, int],
     counting their distinct query-bit patterns."""
     if not held:
         return {}
-    key, node = F.col("key"), F.col("node")
+    key, node = S.col("key"), S.col("node")
     pat = None
     for label in held:
         lay = KeyLayout.parse(stream, label)
-        v = F.substring(key, 8 * lay.field_words + 1, 8 * lay.q_words)
-        pat = F.when(node == label, v) if pat is None else pat.when(node == label, v)
+        v = S.substring(key, 8 * lay.field_words + 1, 8 * lay.q_words)
+        pat = S.when(node == label, v) if pat is None else pat.when(node == label, v)
     out = dict.fromkeys(slots, 0)
-    for r in (merged.where(node.isin(list(held))).groupBy(pat.alias("_pat")).count()
+    rows = S.where(merged, node.isin(list(held)))
+    for r in (rows.groupBy(S.column(pat.alias("_pat"))).count()
               .collect()):
         bits = int.from_bytes(r["_pat"] or b"", "little")  # bit 64·w + i: slot 64·w + i
         for s in out:
@@ -607,8 +609,8 @@ def _ranked_slots(queries: list[tuple[int, Query]], names: dict[int, dict[str, s
     LIMIT kept per slot."""
     order = {s: q for s, q in queries if q.order or q.limit is not None or s in ranked}
     if not order:
-        unranked = F.lit(None).cast("int")
-        return lambda frame: frame.withColumn(RANK, unranked)
+        unranked = S.lit(None).cast("int")
+        return lambda frame: S.with_column(frame, RANK, unranked)
     terms: dict[tuple[int, str, bool], list[int]] = {}
     for s, q in order.items():
         by = dict(q.order)
@@ -617,19 +619,19 @@ def _ranked_slots(queries: list[tuple[int, Query]], names: dict[int, dict[str, s
             terms.setdefault((i, names[s][c], desc), []).append(s)
     cols = []
     for (_, name, desc), slots in sorted(terms.items(), key=lambda t: t[0][0]):
-        c = F.when(F.col(SLOT).isin(slots), F.col(f"`{name}`"))
+        c = S.when(S.col(SLOT).isin(slots), S.col(f"`{name}`"))
         cols.append(c.desc_nulls_last() if desc else c.asc_nulls_last())
-    rank = F.when(F.col(SLOT).isin(list(order)), F.row_number().over(
-        Window.partitionBy(*over, "window_start").orderBy(*cols)))
+    rank = S.when(S.col(SLOT).isin(list(order)), S.row_number().over(
+        S.Window.partitionBy(*over, "window_start").orderBy(*cols)))
     past = None  # a row past its query's LIMIT
     for s, q in order.items():
         if q.limit is not None:
-            c = (F.col(SLOT) == s) & (F.col(RANK) > q.limit)
+            c = (S.col(SLOT) == s) & (S.col(RANK) > q.limit)
             past = c if past is None else past | c
     if past is None:
-        return lambda frame: frame.withColumn(RANK, rank)
+        return lambda frame: S.with_column(frame, RANK, rank)
     kept = ~past
-    return lambda frame: frame.withColumn(RANK, rank).where(kept)
+    return lambda frame: S.where(S.with_column(frame, RANK, rank), kept)
 
 
 RANK = "_rank"  # a row's place in its window, in the query's order (ORDER BY queries)
@@ -639,10 +641,10 @@ def _finished(frame: DataFrame, query: Query, ranked: bool = False) -> DataFrame
     """An answer's outputs in ``answers.answer_schema``'s columns and types (``window_end``
     added); a query with ORDER BY also has ``RANK``, LIMIT per window applied."""
     from collector.spark.answers import answer_schema, spark_type
-    frame = frame.withColumn("window_end", F.col("window_start") +
-                             F.expr(f"INTERVAL {query.period} SECONDS"))
-    out = frame.select(*(F.col(f"`{f.name}`").cast(spark_type(f.type)).alias(f.name)
-                         for f in answer_schema(query)))
+    frame = S.with_column(frame, "window_end", S.col("window_start") +
+                          S.expr(f"INTERVAL {query.period} SECONDS"))
+    out = S.select(frame, *(S.col(f"`{f.name}`").cast(spark_type(f.type)).alias(f.name)
+                            for f in answer_schema(query)))
     return _ranked(out, query) if ranked or query.order or query.limit is not None else out
 
 
@@ -651,26 +653,26 @@ _CMP = {exp.EQ: "__eq__", exp.NEQ: "__ne__", exp.LT: "__lt__", exp.LTE: "__le__"
         exp.GT: "__gt__", exp.GTE: "__ge__"}
 
 
-def _column(node: exp.Expression) -> Column:
+def _column(node: exp.Expression) -> Expr:
     """A joined query's expression (checked by the parser) over the joined columns, named
     ``alias.column`` (``answers._compute``'s, in Spark). A division is of doubles, NULL when
     dividing by zero."""
     if isinstance(node, exp.Paren):
         return _column(node.this)
     if isinstance(node, exp.Column):
-        return F.col(f"`{node.table}.{node.name}`")
+        return S.col(f"`{node.table}.{node.name}`")
     if isinstance(node, exp.Literal):
         t = node.this
-        return F.lit(float(t) if "." in t or "e" in t.lower() else int(t))
+        return S.lit(float(t) if "." in t or "e" in t.lower() else int(t))
     if isinstance(node, exp.Neg):
         return -_column(node.this)
     if isinstance(node, exp.Div):
-        return F.try_divide(_column(node.this).cast("double"),
+        return S.try_divide(_column(node.this).cast("double"),
                             _column(node.expression).cast("double"))
     if type(node) in _ARITH:
         return getattr(_column(node.this), _ARITH[type(node)])(_column(node.expression))
     if isinstance(node, exp.Coalesce):
-        return F.coalesce(*(_column(a) for a in [node.this, *node.expressions]))
+        return S.coalesce(*(_column(a) for a in [node.this, *node.expressions]))
     if type(node) in _CMP:
         return getattr(_column(node.this), _CMP[type(node)])(_column(node.expression))
     if isinstance(node, exp.And):
@@ -693,25 +695,25 @@ def join_frame(merged: DataFrame, query: Query, slots: dict[str, int], labels: I
     for alias in (j.left, j.right):
         part = j.part(alias)
         frame = answer_frame(merged, part, slots[part.name], labels, dictionary)
-        sides[alias] = frame.select(*(F.col(f"`{c}`").alias(f"{alias}.{c}")
+        sides[alias] = S.select(frame, *(S.col(f"`{c}`").alias(f"{alias}.{c}")
                                       for c in frame.columns))
     left, right = sides[j.left], sides[j.right]
     on = [left[f"`{j.left}.window_start`"] == right[f"`{j.right}.window_start`"]]
     on += [left[f"`{j.left}.{a}`"] == right[f"`{j.right}.{b}`"] for a, b in j.on]
     joined = left.join(right, on, "left" if j.how == "left" else "inner")
     if j.where is not None:
-        joined = joined.where(_column(j.where))
-    out = joined.select(*(_column(node).alias(name) for name, node in j.select),
-                        F.col(f"`{j.left}.window_start`").alias("window_start"))
+        joined = S.where(joined, _column(j.where))
+    out = S.select(joined, *(_column(node).alias(name) for name, node in j.select),
+                        S.col(f"`{j.left}.window_start`").alias("window_start"))
     return _finished(out, query, ranked)
 
 
 def _texts(frame: DataFrame, column: str, dictionary: DataFrame | None) -> DataFrame:
     """A text-code column as its texts (NULL where the dictionary has no text)."""
     if dictionary is None:
-        return frame.withColumn(column, F.lit(None).cast("string"))
-    d = F.broadcast(dictionary.select(F.col("code").alias("_code"),
-                                      F.col("text").alias("_text")))
+        return S.with_column(frame, column, S.lit(None).cast("string"))
+    d = F.broadcast(S.select(dictionary, S.col("code").alias("_code"),
+                             S.col("text").alias("_text")))
     return (frame.join(d, frame[column] == d["_code"], "left")
             .withColumn(column, F.col("_text")).drop("_code", "_text"))
 
@@ -722,20 +724,20 @@ def key_columns(query: Query) -> list[str]:
     return [o.name for o in query.outputs if o.kind != "agg"]
 
 
-def order_columns(query: Query) -> list[Column]:
+def order_columns(query: Query) -> list[Expr]:
     """ORDER BY, then the key columns ascending (rows tied on ORDER BY in one order); NULLs
     last, as Arrow sorts them."""
     by = dict(query.order)
-    out = [F.col(c).desc_nulls_last() if desc else F.col(c).asc_nulls_last()
+    out = [S.col(c).desc_nulls_last() if desc else S.col(c).asc_nulls_last()
            for c, desc in query.order]
-    out += [F.col(c).asc_nulls_last() for c in key_columns(query) if c not in by]
+    out += [S.col(c).asc_nulls_last() for c in key_columns(query) if c not in by]
     return out
 
 
 def _ranked(frame: DataFrame, query: Query) -> DataFrame:
     """Each row's ``RANK`` in its window in the query's order; with LIMIT, the first
     ``query.limit`` rows of each window only."""
-    rank = F.row_number().over(Window.partitionBy("window_start")
+    rank = S.row_number().over(S.Window.partitionBy("window_start")
                                .orderBy(*order_columns(query)))
-    out = frame.withColumn(RANK, rank)
-    return out.where(F.col(RANK) <= query.limit) if query.limit is not None else out
+    out = S.with_column(frame, RANK, rank)
+    return S.where(out, S.col(RANK) <= query.limit) if query.limit is not None else out

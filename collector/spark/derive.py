@@ -544,8 +544,7 @@ def _shared_pass(spark, folder: Folder, together: list[tuple[int, Query]], label
     rows never take): a batch without some node's rows reuses it. ``seen`` is left as the pass
     left it. With the pass: what the job observes of it, and the slots' query names (a map
     column)."""
-    from pyspark.sql import functions as F
-
+    from collector.spark import sqltext as S
     from collector.spark.compile import SLOT, shared_pass
     key = (spark.sparkContext.applicationId, folder.stream, folder.folder,
            tuple((s, q.name, q.text) for s, q in together), tuple(ranked),
@@ -561,9 +560,10 @@ def _shared_pass(spark, folder: Folder, together: list[tuple[int, Query]], label
         # what the job observes of the pass (rows per slot, and the (slot, window) pairs: a
         # set as small as the windows; an HLL per slot on every row cost more than the
         # answers' addresses) and each slot's query name
-        observed = [F.collect_set(F.struct(SLOT, "window_start")).alias("windows"),
-                    *(F.count_if(F.col(SLOT) == s).alias(f"rows_{s}") for s, _ in together)]
-        name = F.create_map(*(c for s, q in together for c in (F.lit(s), F.lit(q.name))))
+        observed = [S.column(c) for c in (
+            S.collect_set(S.struct(SLOT, "window_start")).alias("windows"),
+            *(S.count_if(S.col(SLOT) == s).alias(f"rows_{s}") for s, _ in together))]
+        name = S.column(S.create_map(*(c for s, q in together for c in (S.lit(s), S.lit(q.name)))))
         found = (frozenset(labels), None if built is None else (*built, observed, name),
                  after)
         with _PASSES_LOCK:

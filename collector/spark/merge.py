@@ -24,6 +24,7 @@ from capture.enrich.dictionary import folder_of
 from capture.fields import measures
 from collector.metrics import Metrics
 from collector.pipeline.spool import schema_for, spark_ddl
+from collector.spark import sqltext as S
 from collector.spark.compile import rollup
 from collector.spark.derive import Folder, answers, compiled, compiled_answers
 from collector.spark.session import one_line
@@ -49,7 +50,8 @@ def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None,
     under the watermark. The key is one binary value (collector/keys.py): the group never
     spans the catalogue's columns and no row is exploded per query. ``only``: the measures
     to merge (default all); ``sketches``: False when no row carries a sketch."""
-    aggs = rollup(m.name for m in measures(stream) if only is None or m.name in only)
+    aggs = [S.column(a) for a in rollup(
+        m.name for m in measures(stream) if only is None or m.name in only)]
     if watermark_delay_s is not None:
         df = df.withWatermark("window_start", f"{watermark_delay_s} seconds")
     keys = ("window_start", "node", "key")
