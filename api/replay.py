@@ -239,6 +239,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     once Spark's stage begins). ``spark`` is a session, or a Future of one (a JVM starting
     while the capture is read). The input being finite, Spark merges the spool in one batch
     job per folder (the streaming queries' merge, without waiting for a watermark)."""
+    from collector.pipeline.compiled_plan import node_layouts
     from collector.spark.merge import SparkJob
 
     freeze_startup_heap()
@@ -308,7 +309,8 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
                    lambda: slots, watermark_delay_s, metrics,
                    spool_format=settings.spool.format,
                    answer_engine=settings.spark.answer_engine,
-                   answer_task_rows=settings.spark.answer_task_rows)
+                   answer_task_rows=settings.spark.answer_task_rows,
+                   layouts=lambda stream, folder: node_layouts(plan, stream, folder))
     job.timings.update(timings)
     if settings.spool.format == "parquet":
         job.run_batch(folders)

@@ -227,8 +227,15 @@ class Supervision:
         self.job = SparkJob(self.spark, s.spool_dir, s.results_dir, s.checkpoint_dir,
                             self.slot_queries, s.spark.watermark_delay_s,
                             self.metrics, s.spark.trigger_s, s.spool.format,
-                            s.spark.answer_engine, s.spark.answer_task_rows)
+                            s.spark.answer_engine, s.spark.answer_task_rows, self._layouts)
         self.job.ensure(self.folders())
+
+    def _layouts(self, stream: str, folder: str) -> list[str]:
+        """The node layouts the plan's probes write to a folder (Spark's engine warms up
+        its answers for them)."""
+        from collector.pipeline.compiled_plan import node_layouts
+        plan = self.plan
+        return [] if plan is None else node_layouts(plan, stream, folder)
 
     def _jvm_gone(self) -> bool:
         """The JVM this process launched for Spark has died (killed, out of memory)."""

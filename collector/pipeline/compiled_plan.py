@@ -11,11 +11,13 @@ from typing import NamedTuple
 from capture.batch import TupleBatch
 from capture.fields import enriched
 from collector.config import AscConfig, LftaConfig, OmConfig, ResidualConfig
+from collector.keys import KeyLayout
 from collector.pipeline.asc_runtime import AscRuntime
 from collector.pipeline.compiled_prefilter import CompiledPrefilter, compile_prefilter
 from collector.pipeline.lfta import NodeTable
 from collector.pipeline.residual import Residual, ValueCache
 from planner.plan import Plan
+from planner.slots import n_words
 
 
 @dataclass
@@ -65,6 +67,14 @@ def maintained_nodes(plan: Plan, stream: str, folder: str
         if qp.query.stream == stream and qp.query.folder == folder:
             nodes.setdefault(tuple(sorted(qp.query.node_keys)), []).append(qp.slot)
     return sorted(nodes.items())
+
+
+def node_layouts(plan: Plan, stream: str, folder: str) -> list[str]:
+    """The node layouts (``collector/keys.py`` labels) that the LFTA tables of a folder write
+    to the spool under ``plan``: each ``NodeTable.spool_layout``."""
+    q_words = n_words(max([qp.slot for qp in plan.queries] + [-1]) + 1)  # compile_prefilter's
+    return [KeyLayout(stream, keys, q_words).label
+            for keys, _ in maintained_nodes(plan, stream, folder)]
 
 
 def compile_plan(plan: Plan, stream: str, asc: AscConfig, residual: ResidualConfig,

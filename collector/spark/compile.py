@@ -376,11 +376,47 @@ def shared_frame(merged: DataFrame, queries: list[tuple[int, Query]], labels: It
     """``shared_pass`` applied to ``merged`` at once (see there), in as many tasks as
     queries."""
     built = shared_pass(queries, labels, seen, ranked)
-    return None if built is None else (built[0](merged, dictionary, len(queries)), built[1])
+    if built is None:
+        return None
+    held = patterns(merged, queries[0][1].stream, labels)
+    return built[0](merged, dictionary, len(queries), held), built[1]
 
 
-# (merged rows, dictionary, tasks, buckets by node layout) -> the answers
+# (merged rows, dictionary, tasks, their patterns, buckets by slot) -> the answers
 Pass = Callable[..., DataFrame]
+Patterns = dict[tuple[str, bytes | None], int]  # (node layout, query-bit pattern) -> rows
+
+
+def _pattern(stream: str, labels: Iterable[str]) -> Expr:
+    """A merged row's query-bit pattern: the bytes of its key that hold it, by its node
+    layout (NULL for a layout not in ``labels``)."""
+    key, node, pat = S.col("key"), S.col("node"), None
+    for label in sorted(set(labels)):
+        lay = KeyLayout.parse(stream, label)
+        v = S.substring(key, 8 * lay.field_words + 1, 8 * lay.q_words)
+        pat = S.when(node == label, v) if pat is None else pat.when(node == label, v)
+    return S.lit(None).cast("binary") if pat is None else pat
+
+
+def patterns(merged: DataFrame, stream: str, labels: Iterable[str]) -> Patterns:
+    """How many merged rows have each (node layout, query-bit pattern), in one small job:
+    the layouts a batch holds, which queries its rows carry and how many rows each query
+    has (a query's answer has at most as many). A layout not in ``labels`` is counted with
+    pattern None."""
+    rows = S.select(merged, "node", _pattern(stream, labels).alias("_pat"))
+    return {(r["node"], r["_pat"]): r["count"]
+            for r in rows.groupBy("node", "_pat").count().collect() if r["node"]}
+
+
+def slot_rows(held: Patterns, slots: Iterable[int]) -> dict[int, int]:
+    """The merged rows that carry each of ``slots`` (``patterns``' counts)."""
+    out = dict.fromkeys(slots, 0)
+    for (_, pat), n in held.items():
+        bits = int.from_bytes(pat or b"", "little")  # bit 64·w + i: slot 64·w + i
+        for s in out:
+            if bits >> s & 1:
+                out[s] += n
+    return out
 BUCKET = "_bucket"  # which of its query's tasks a row of a spread answer goes to
 
 
@@ -412,31 +448,24 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
     stream = queries[0][1].stream
     cat = fields(stream)
     layouts = {label: KeyLayout.parse(stream, label) for label in sorted(set(labels))}
-    key, node = S.col("key"), S.col("node")
+    key = S.col("key")
     # 1. each row's query-bit pattern: the bytes of its key that hold it, by its layout
     index = {label: i for i, label in enumerate(layouts)}
-    pat = None
-    for label, lay in layouts.items():
-        v = S.substring(key, 8 * lay.field_words + 1, 8 * lay.q_words)
-        pat = S.when(node == label, v) if pat is None else pat.when(node == label, v)
-    # 2. the slots of each distinct (layout, pattern), tested on those few rows and joined
-    # back to every row (a broadcast hash join: a row goes out once per slot its pattern
-    # holds); the slots tested on every row, an explode of every slot then a filter, cost
-    # 6 µs a row. Each slot's key is cut to its query's keys (bytes of the packed key)
-    layout, pattern = S.col("_layout"), S.col("_pat")
-    which = None
-    for label, i in index.items():
-        which = S.when(node == label, i) if which is None else which.when(node == label, i)
-    words = max((lay.q_words for lay in layouts.values()), default=0)
-    pattern_words = [_word(pattern, w).alias(f"_p{w}") for w in range(words)]
-    slots, cuts, packed = [], {}, {}
+    pat = _pattern(stream, layouts)
+    # 2. the slots of each distinct (layout, pattern) (``patterns``, a batch's few), a local
+    # table joined to every row (a broadcast hash join: a row goes out once per slot its
+    # pattern holds); the slots tested on every row, an explode of every slot then a filter,
+    # cost 6 µs a row. Each slot's key is cut to its query's keys (bytes of the packed key)
+    layout = S.col("_layout")
+    eligible: dict[str, list[int]] = {}  # layout -> the slots whose node it may be
+    cuts, packed = {}, {}
     for s, q in queries:
         packed[s] = KeyLayout(stream, q.keys, 0)
-        held = None
         nk = {k for k in q.node_keys if not k.startswith(SKETCH)}
         for label, lay in layouts.items():
             if not nk <= set(lay.keys) or s >= 64 * lay.q_words:
                 continue
+            eligible.setdefault(label, []).append(s)
             at = lay.offsets()
             runs: list[list[int]] = []  # [first word, words]: adjacent fields in one run
             for k in packed[s].keys:  # sorted, as the layout's are
@@ -448,15 +477,10 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
             cut = [S.substring(key, 8 * a + 1, 8 * n) for a, n in runs]
             if packed[s].string is not None:
                 cut.append(S.substring(key, 8 * lay.words + 1, 1 << 30))
-            bit = S.shiftright(S.col(f"_p{s // 64}"), s % 64).bitwiseAND(S.lit(1)) == 1
-            mine = (layout == index[label]) & bit
-            held = mine if held is None else held | mine
             value = (cut[0] if len(cut) == 1 else S.concat(*cut)) if cut else \
                 S.lit(bytearray())
             cuts.setdefault((label, str(value)), (value, []))[1].append(s)
-        if held is not None:
-            slots.append(S.when(held, S.lit(s)))
-    if not slots:
+    if not eligible:
         return None
     cut_key = None
     for (label, _), (value, mine) in cuts.items():
@@ -472,8 +496,6 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
     every = [s for s, _ in queries]
     agg_of = [S.column(a) for a in rollup(measures)]
     with_pat = [S.col(c) for c in ("window_start", *values, "key", "node")] + [pat.alias("_pat")]
-    layout_of = which.alias("_layout")
-    slot_list = S.explode(S.array(*slots)).alias(SLOT)
     cut_as = cut_key.alias("_key")
     # 3. each slot's outputs: numbers at once, addresses and text codes by staging columns
     epoch = S.unix_seconds("window_start")
@@ -538,13 +560,20 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
                          ([SLOT], [SLOT, BUCKET]))
     whole = {s for s, q in queries if q.order or q.limit is not None or s in ranked}
 
-    def run(merged: DataFrame, dictionary: DataFrame | None, tasks: int,
+    def run(merged: DataFrame, dictionary: DataFrame | None, tasks: int, held: Patterns,
             buckets: dict[int, int] | None = None) -> DataFrame:
         rows = S.select(merged, *with_pat)
-        slot_of = S.select(S.select(rows, "node", "_pat").distinct(), "node", "_pat", layout_of)
-        slot_of = S.select(slot_of, "node", "_pat", "_layout", *pattern_words)
-        slot_of = S.where(S.select(slot_of, "node", "_pat", "_layout", slot_list),
-                          S.col(SLOT).isNotNull())
+        table = [(label, pat, index[label], s) for (label, pat), _ in held.items()
+                 if label in eligible and pat is not None
+                 for s in eligible[label] if int.from_bytes(pat, "little") >> s & 1]
+        # a local relation of Spark's own (createDataFrame of a list would be a Python RDD:
+        # Python workers on the answer path)
+        slot_of = S.select(merged.sparkSession.range(1), S.inline(S.array(*(
+            S.struct(*(S.lit(v).alias(n) for v, n in zip(r, ("node", "_pat", "_layout", SLOT),
+                                                            strict=True)))
+            for r in table or [("", b"", 0, 0)]))))
+        if not table:
+            slot_of = slot_of.limit(0)
         joined = S.select(rows.join(F.broadcast(slot_of), ["node", "_pat"]),
                           "window_start", *values, SLOT, cut_as)
         spread: dict[int, list[int]] = {}  # buckets -> the slots spread over as many
@@ -573,30 +602,6 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
             frame = _texts(frame, column, dictionary)
         return (spread_rank if spread else rank)(S.select(frame, *outputs, *extra))
     return run, names
-
-
-def slot_rows(merged: DataFrame, stream: str, held: dict[str, int],
-              slots: Iterable[int]) -> dict[int, int]:
-    """The merged rows that carry each of ``slots`` in the node layouts ``held`` (label ->
-    its rows): a query's answer has at most as many. One job, over those layouts' rows,
-    counting their distinct query-bit patterns."""
-    if not held:
-        return {}
-    key, node = S.col("key"), S.col("node")
-    pat = None
-    for label in held:
-        lay = KeyLayout.parse(stream, label)
-        v = S.substring(key, 8 * lay.field_words + 1, 8 * lay.q_words)
-        pat = S.when(node == label, v) if pat is None else pat.when(node == label, v)
-    out = dict.fromkeys(slots, 0)
-    rows = S.where(merged, node.isin(list(held)))
-    for r in (rows.groupBy(S.column(pat.alias("_pat"))).count()
-              .collect()):
-        bits = int.from_bytes(r["_pat"] or b"", "little")  # bit 64·w + i: slot 64·w + i
-        for s in out:
-            if bits >> s & 1:
-                out[s] += r["count"]
-    return out
 
 
 def _ranked_slots(queries: list[tuple[int, Query]], names: dict[int, dict[str, str]],

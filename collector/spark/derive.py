@@ -25,7 +25,7 @@ Python process on the executors (selection folders keep their Python task).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property, partial
 
@@ -395,7 +395,8 @@ def compiled(folder: Folder) -> bool:
 
 
 def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, partitions: int,
-                     reuse: bool = True, task_rows: int | None = None) -> list[dict]:
+                     reuse: bool = True, task_rows: int | None = None,
+                     layouts: Iterable[str] = ()) -> list[dict]:
     """The answer job of ``answers`` with every answer computed and written by Spark's engine
     (``compile.py``, Spark's Parquet writer): no Python process on the executors. The queries'
     answers go in one job, each query's rows to one writer task (its part is one file),
@@ -407,7 +408,8 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
     (the node layouts they hold, then the answers), instead of merged twice; a batch read of
     the spool's files is read twice. ``task_rows``: a query without ORDER BY or LIMIT whose
     node layouts hold more merged rows than this is answered by several tasks, a part each
-    (``compile.shared_pass``; default ``ANSWER_TASK_ROWS``)."""
+    (``compile.shared_pass``; default ``ANSWER_TASK_ROWS``). ``layouts``: node layouts the
+    rows may hold (the plan's), so that one job finds those they do hold."""
     from functools import reduce
 
     from pyspark.sql import Observation
@@ -420,6 +422,7 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
         answer_frame,
         join_frame,
         key_columns,
+        patterns,
         plain,
         selection_frame,
         slot_rows,
@@ -429,10 +432,14 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
         rows = rows.persist()
     try:
         tuples = folder.folder == "select"  # a selection folder's tuples, not partial rows
-        # the node layouts the rows hold, and how many rows each
-        held = {} if tuples else {
-            r["node"]: r["count"] for r in rows.groupBy("node").count().collect() if r["node"]}
-        labels = list(held)
+        # the rows of each (node layout, query-bit pattern), by the layouts seen before (one
+        # more job when a new one appears)
+        held = {} if tuples else patterns(rows, folder.stream,
+                                          _labels(rows.sparkSession, folder, set(layouts)))
+        if any(p is None for _, p in held):
+            held = patterns(rows, folder.stream, _labels(
+                rows.sparkSession, folder, {n for n, _ in held}))
+        labels = sorted({n for n, _ in held})
         texts = None if tuples else dictionary_frame(rows.sparkSession, folder)
         slots = {q.name: s for s, q in folder.slots}
         frames, seen, observed = [], {}, {}
@@ -452,12 +459,10 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
         # each query's rows in one task (its part one file), the shared pass's in as many
         # tasks as its queries allow; a query of more rows than a task's in several
         per_task = task_rows or ANSWER_TASK_ROWS
-        big = {label: n for label, n in held.items() if n > per_task}
         buckets = {s: -(-n // per_task) for s, n in slot_rows(
-            rows, folder.stream, big, [s for s, _ in together]).items() if n > per_task} \
-            if built is not None and big else {}
+            held, [s for s, _ in together]).items() if n > per_task}
         shared = None if built is None else (
-            built[0](rows, texts, min(len(together), partitions), buckets), *built[1:])
+            built[0](rows, texts, min(len(together), partitions), held, buckets), *built[1:])
         if shared is None:
             together = []
         alone = [q for q in folder.answers if all(q is not t for _, t in together)]
@@ -532,6 +537,18 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
 _PASSES: dict[tuple, tuple] = {}  # compile.shared_pass's recent results (a daemon's triggers)
 _PASSES_LOCK = threading.Lock()  # each folder's streaming query answers on a thread of its own
 PASSES_KEPT = 16
+
+_LABELS: dict[tuple, set[str]] = {}  # the node layouts each folder's batches held so far
+
+
+def _labels(spark, folder: Folder, new: set[str] = frozenset()) -> set[str]:
+    """The node layouts the folder's batches have held in this Spark application, ``new``
+    added."""
+    key = (spark.sparkContext.applicationId, folder.stream, folder.folder)
+    with _PASSES_LOCK:
+        known = _LABELS.setdefault(key, set())
+        known |= new
+        return set(known)
 
 
 def _shared_pass(spark, folder: Folder, together: list[tuple[int, Query]], labels: list[str],

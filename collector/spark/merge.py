@@ -74,7 +74,8 @@ class SparkJob:
                  results_root: str | os.PathLike, checkpoint_root: str | os.PathLike,
                  queries: Queries, watermark_delay_s: int = 1, metrics: Metrics | None = None,
                  trigger_s: float = 2.0, spool_format: str = "parquet",
-                 answer_engine: str = "python", answer_task_rows: int | None = None):
+                 answer_engine: str = "python", answer_task_rows: int | None = None,
+                 layouts: Callable[[str, str], list[str]] | None = None):
         self.spark = spark
         self.spool_root = Path(spool_root)
         self.results_root = str(results_root)
@@ -86,6 +87,9 @@ class SparkJob:
         self.spool_format = spool_format
         self.answer_engine = answer_engine  # "sql": Spark's engine answers (compile.py)
         self.answer_task_rows = answer_task_rows  # None: derive.ANSWER_TASK_ROWS
+        # (stream, folder) -> the node layouts the plan's probes write there (warm())
+        self.layouts = layouts
+        self._warming: dict[tuple[str, str], threading.Event] = {}
         self.queries: dict[tuple[str, str], object] = {}
         self._lock = threading.Lock()
         self.errors: list[str] = []  # the latest failures, newest last
@@ -111,6 +115,9 @@ class SparkJob:
         """One Spark job: the answers of ``rows`` (partial rows, or a selection's tuples)
         derived and written by the executors, as each query's part ``part-<job>``; the metrics
         of what they wrote (a row per query, the only rows the driver reads)."""
+        warming = self._warming.get((stream, folder))
+        if warming is not None and streamed:
+            warming.wait(WARM_WAIT_S)  # then its pass and code are ready
         spec = self.folder(stream, folder)
         if not spec.slots:
             return  # no query of the folder left: its rows in flight have no answer
@@ -120,8 +127,10 @@ class SparkJob:
                            int(self.spark.conf.get("spark.sql.shuffle.partitions"))))
         try:
             if self.answer_engine == "sql" and compiled(spec):
-                written = compiled_answers(rows, spec, self.results_root, job, tasks,
-                                           reuse=streamed, task_rows=self.answer_task_rows)
+                written = compiled_answers(
+                    rows, spec, self.results_root, job, tasks, reuse=streamed,
+                    task_rows=self.answer_task_rows,
+                    layouts=self.layouts(stream, folder) if self.layouts is not None else ())
             else:
                 written = answers(rows, spec, self.results_root, job, tasks).collect()
         finally:
@@ -219,9 +228,43 @@ class SparkJob:
                       .queryName(f"flowsieve_{stream}_{folder}"))
             writer = (writer.trigger(availableNow=True) if available_now
                       else writer.trigger(processingTime=f"{self.trigger_s} seconds"))
+            if self.answer_engine == "sql" and self.layouts is not None and not available_now:
+                done = self._warming[(stream, folder)] = threading.Event()
+                threading.Thread(target=self.warm, args=(stream, folder, done), daemon=True,
+                                 name=f"spark-warm-{stream}-{folder}").start()
             sq = writer.start()
             self.queries[(stream, folder)] = sq
             return sq
+
+    def warm(self, stream: str, folder: str, done: threading.Event | None = None) -> None:
+        """Spark's engine's answer job for the folder's queries, run once on a row of each
+        node layout the plan's probes write there (``layouts``), into a folder thrown away:
+        the pass of the queries is built and Spark's code for it generated and compiled
+        while the first batch's rows arrive, instead of in that batch (10-20 s in a fresh
+        JVM). The folder's first batch waits for it (at most ``WARM_WAIT_S``); it fails
+        quietly (the batch then does the work)."""
+        import tempfile
+        try:
+            labels = self.layouts(stream, folder) if self.layouts is not None else []
+            spec = self.folder(stream, folder)
+            if folder == "select" or not labels or not spec.slots or not compiled(spec) or \
+                    self.stopping:
+                return  # a selection's tuples need no pass
+            t = time.monotonic()
+            with tempfile.TemporaryDirectory(prefix="flowsieve-warm-") as d:
+                rows = layout_rows(self.spark, Path(d), stream, folder, labels,
+                                   [s for s, _ in spec.slots])
+                job = SparkJob(self.spark, d, Path(d) / "results", Path(d) / "ck", self.live,
+                               answer_engine=self.answer_engine,
+                               answer_task_rows=self.answer_task_rows)
+                job._answer(merge_partials(rows, stream, None), stream, folder, "warm")
+            log.info("Spark's answer job for %s/%s warmed up in %.1f s", stream, folder,
+                     time.monotonic() - t)
+        except Exception as e:  # noqa: BLE001 - the first batch does it instead
+            log.debug("warming up %s/%s: %s", stream, folder, one_line(e))
+        finally:
+            if done is not None:
+                done.set()
 
     def ensure(self, folders: list[tuple[str, str]]) -> None:
         """Start queries for folders that have none (new periods after a rebuild)."""
@@ -394,6 +437,39 @@ class SparkJob:
 
 
 
+WARM_WAIT_S = 120.0  # a folder's first batch waits for its warm-up at most this
+
+
+def layout_rows(spark: SparkSession, d: Path, stream: str, folder: str, labels: list[str],
+                slots: list[int]) -> DataFrame:
+    """A spool file in ``d`` of one partial row per node layout of ``labels`` (window 0, each
+    key field present, every one of ``slots`` the layout has room for in its pattern), read
+    by Spark."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from collector.keys import KeyLayout
+    from collector.pipeline.spool import null_columns
+    schema = schema_for(stream, folder)
+    (d / "spool").mkdir(parents=True, exist_ok=True)
+    for i, label in enumerate(labels):
+        lay = KeyLayout.parse(stream, label)
+        words = np.ones((1, lay.words), np.int64)
+        pattern = np.zeros(lay.q_words, np.uint64)
+        for s in slots:
+            if s < 64 * lay.q_words:
+                pattern[s // 64] |= np.uint64(1 << (s % 64))
+        words[0, lay.field_words:] = pattern.view(np.int64)
+        row = {"window_start": pa.array([0], schema.field("window_start").type),
+               "node": pa.array([label]),
+               "key": lay.encode(words, pa.array(["a"]) if lay.string is not None else None),
+               "cnt": pa.array([1], pa.int64())}
+        pq.write_table(pa.Table.from_arrays(null_columns(schema, 1, row), schema=schema),
+                       d / "spool" / f"{i}.parquet")
+    return spark.read.schema(spark_ddl(schema)).parquet(str(d / "spool"))
+
+
 WARM_UP_SQL = ("SELECT time/60 AS t, src_ip, count(*) AS n, sum(wirelen) AS b FROM packets "
                "GROUP BY time/60, src_ip")
 _warmed: set[tuple[str, str]] = set()  # the (Spark application, engine) warm_up has run
@@ -407,30 +483,16 @@ def warm_up(spark: SparkSession, answer_engine: str = "python") -> None:
     session (the telemetry bench's warm pass) finds it done."""
     import tempfile
 
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from collector.keys import KeyLayout
-    from collector.pipeline.spool import null_columns
     from planner.query import parse_single
     app = (spark.sparkContext.applicationId, answer_engine)
     if app in _warmed:
         return
     q = parse_single(WARM_UP_SQL, "warm_up")
-    layout = KeyLayout("packets", ("src_ip",), 1)
-    words = np.array([[1, 0, 0x0a000001, 1]], np.int64)  # 10.0.0.1, slot 0
-    schema = schema_for("packets", "60")
     with tempfile.TemporaryDirectory(prefix="flowsieve-warm-") as d:
-        spool = Path(d) / "spool"
-        spool.mkdir()
-        row = {"window_start": pa.array([0], schema.field("window_start").type),
-               "node": pa.array([layout.label]), "key": layout.encode(words),
-               "cnt": pa.array([1], pa.int64())}
-        pq.write_table(pa.Table.from_arrays(null_columns(schema, 1, row), schema=schema),
-                       spool / "0.parquet")
+        rows = layout_rows(spark, Path(d), "packets", "60",
+                           [KeyLayout("packets", ("src_ip",), 1).label], [0])
         job = SparkJob(spark, Path(d), Path(d) / "results", Path(d) / "ck", lambda: {0: q},
                        answer_engine=answer_engine)
-        rows = spark.read.schema(spark_ddl(schema)).parquet(str(spool))
         job._answer(rows, "packets", "60", "warm")
     _warmed.add(app)

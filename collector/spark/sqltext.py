@@ -246,12 +246,12 @@ def _function(name: str):
 # columns in, a column out: PySpark's function of the same name
 array, char, coalesce, concat, explode, floor, greatest, hex, max, min, pmod, reverse, sum, \
     timestamp_seconds, try_divide, unix_seconds, xxhash64, count, count_if, collect_set, \
-    struct, create_map, hll_sketch_estimate = (
+    struct, create_map, hll_sketch_estimate, inline = (
         _function(n) for n in (
             "array", "char", "coalesce", "concat", "explode", "floor", "greatest", "hex", "max",
             "min", "pmod", "reverse", "sum", "timestamp_seconds", "try_divide", "unix_seconds",
             "xxhash64", "count", "count_if", "collect_set", "struct", "map",
-            "hll_sketch_estimate"))
+            "hll_sketch_estimate", "inline"))
 
 
 # -- handed to a DataFrame

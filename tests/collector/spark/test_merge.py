@@ -245,6 +245,45 @@ def test_the_streaming_job_answers_in_spark_s_engine_as_dpkt_does(spark, tmp_pat
         assert metric(text, "flowsieve_query_result_rows_total", f'query="{q.name}"') == t.num_rows
 
 
+def test_the_first_batch_finds_its_answers_warmed_up(spark, tmp_path, monkeypatch):
+    """Spark's engine warms up a folder's answers on a row of each node layout the plan's
+    probes write (``node_layouts``: the engine's tables' own), into a folder thrown away: the
+    first batch then builds no pass of its own and needs one job to learn its layouts, and
+    its answers equal dpkt's."""
+    import collector.spark.compile as compile_module
+    import collector.spark.derive as derive
+    from collector.pipeline.compiled_plan import node_layouts
+    from collector.spark.merge import merge_partials
+    path, recs = spread(tmp_path, "ok.pcap", 0.5)
+    plan, spool = spooled(tmp_path, path)
+    engine = Engine(Spool(tmp_path / "other"), "packets", watermark_delay_s=1)
+    engine.set_plan(plan)
+    engine.take_plan()
+    tables = {t.spool_layout.label for t in engine._c.node_tables() if t.period == 60}
+    assert tables and set(node_layouts(plan, "packets", "60")) == tables
+    slots = {qp.slot: qp.query for qp in plan.queries}
+    results = tmp_path / "results"
+    job = SparkJob(spark, tmp_path / "spool", results, tmp_path / "ck", lambda: slots, 1,
+                   Metrics(), answer_engine="sql", layouts=lambda st, f: node_layouts(plan, st, f))
+    monkeypatch.setattr(derive, "_PASSES", {})  # as if no test had built it
+    monkeypatch.setattr(derive, "_LABELS", {})
+    job.warm("packets", "60")
+    assert derive._PASSES, "no pass was built"
+    assert not list(results.glob("query=*/*")), "the warm-up wrote answers"
+    built, counted = [], []
+    real_pass, real_patterns = compile_module.shared_pass, compile_module.patterns
+    monkeypatch.setattr(compile_module, "shared_pass",
+                        lambda *a, **k: built.append(a) or real_pass(*a, **k))
+    monkeypatch.setattr(compile_module, "patterns",
+                        lambda *a, **k: counted.append(a) or real_patterns(*a, **k))
+    merged = merge_partials(spark.read.parquet(str(spool.folder("packets", "60"))), "packets",
+                            None)
+    job._answer(merged, "packets", "60", "run-00000001")
+    assert built == [] and len(counted) == 1
+    pairs = [(qp.query, read_results(results, qp.query)) for qp in plan.queries]
+    assert answers_of(pairs) == reference(recs)
+
+
 def test_the_spool_reader_takes_files_in_any_order(tmp_path):
     """flowsieve's reader (spool.format: arrow) under several probes and durable sources: files
     appear out of sequence order (probes number their own; a held file is published after
