@@ -415,6 +415,10 @@ class SparkJob:
             self.stopping = True
             log.info("stopping: Spark's batch in progress (%s) is abandoned; it runs again "
                      "at the next start", ", ".join(str(sq.name) for sq in busy))
+            # a cancelled job's writer logs its abort with a stack trace: not news, the line
+            # above says it (the JVM stops after this)
+            with contextlib.suppress(Exception):
+                self.spark.sparkContext.setLogLevel("OFF")
             until = time.monotonic() + abandon_s
             while time.monotonic() < until and any(self._in_batch(sq) for sq in busy):
                 with contextlib.suppress(Exception):
