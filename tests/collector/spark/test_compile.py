@@ -88,8 +88,10 @@ ORDER BY mean DESC LIMIT 4;
 QUERIES = BASE + parse_queries(MORE)
 CAPTURES = ("var-services-std-ports.pcap", "icmp6.pcap", "ipv6-fragmented-dns.pcap",
             "wikipedia.pcap", "dns_udp.pcap")
+# ExistingRDD: a DataFrame made of a Python list (createDataFrame) is a Python RDD, read by
+# Python workers (the rows here come from Parquet files)
 PYTHON_NODES = ("MapInArrow", "ArrowEvalPython", "BatchEvalPython", "FlatMapGroupsIn",
-                "PythonUDF", "MapInPandas")
+                "PythonUDF", "MapInPandas", "ExistingRDD")
 
 
 def spooled(queries, root):
