@@ -19,7 +19,9 @@ For an aggregate query at slot ``s`` the answer is:
    ``answers.order_rows`` does).
 
 ``answer_frame`` gives the columns of ``answers.answer_schema``; the Python derivation of
-``derive.py`` is what it is checked against.
+``derive.py`` is what it is checked against. The expressions are Spark SQL text
+(``sqltext.py``), handed to Spark a column at a time: PySpark's ``Column`` costs a Py4J call
+per function, operator and literal.
 """
 
 from __future__ import annotations
@@ -434,8 +436,8 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
     LIMIT (LIMIT applied) and the slots in ``ranked``, else NULL; and each slot's column names
     by output name. None when no node layout of ``labels`` holds a slot of them.
 
-    Its expressions are built once (hundreds of Py4J calls for 50 queries, seconds): what
-    ``shared_pass`` returns applies them to each batch's merged rows and dictionary, in a
+    Its expressions are built once, as SQL text (``sqltext.py``): what ``shared_pass``
+    returns applies them to each batch's merged rows, their ``patterns`` and dictionary, in a
     number of tasks. The rows are shuffled once, by slot: the aggregation, the ranking and
     the writer find each query's rows in one task (a shuffle by key, then by window, then by
     query cost two more). A large answer is spread: given ``buckets`` (slot -> n > 1), the

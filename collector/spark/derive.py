@@ -555,8 +555,8 @@ def _shared_pass(spark, folder: Folder, together: list[tuple[int, Query]], label
                  seen: dict[str, str], ranked: list[int]):
     """``compile.shared_pass`` of these queries and node layouts, built once per Spark
     application: a daemon's next trigger of the same folder applies the same expressions to
-    its batch (building them for 50 queries took seconds of Py4J calls, and Spark generates
-    and compiles the code of a new plan again). It is built for every node layout the folder's
+    its batch (building them for 50 queries takes about a second, and Spark generates and
+    compiles the code of a new plan again). It is built for every node layout the folder's
     batches have held so far, not just this batch's (a layout a batch lacks is a branch its
     rows never take): a batch without some node's rows reuses it. ``seen`` is left as the pass
     left it. With the pass: what the job observes of it, and the slots' query names (a map

@@ -243,7 +243,10 @@ class SparkJob:
         while the first batch's rows arrive, instead of in that batch (10-20 s in a fresh
         JVM). The folder's first batch waits for it (at most ``WARM_WAIT_S``); it fails
         quietly (the batch then does the work)."""
-        import tempfile
+        import shutil
+        import uuid
+        # under the results' staging folder: shared storage on a cluster, swept when stale
+        root = Path(self.results_root) / "_jobs" / f"warm-{uuid.uuid4().hex[:12]}"
         try:
             labels = self.layouts(stream, folder) if self.layouts is not None else []
             spec = self.folder(stream, folder)
@@ -251,18 +254,17 @@ class SparkJob:
                     self.stopping:
                 return  # a selection's tuples need no pass
             t = time.monotonic()
-            with tempfile.TemporaryDirectory(prefix="flowsieve-warm-") as d:
-                rows = layout_rows(self.spark, Path(d), stream, folder, labels,
-                                   [s for s, _ in spec.slots])
-                job = SparkJob(self.spark, d, Path(d) / "results", Path(d) / "ck", self.live,
-                               answer_engine=self.answer_engine,
-                               answer_task_rows=self.answer_task_rows)
-                job._answer(merge_partials(rows, stream, None), stream, folder, "warm")
+            rows = layout_rows(self.spark, stream, folder, labels, [s for s, _ in spec.slots])
+            job = SparkJob(self.spark, root / "spool", root, root / "ck", self.live,
+                           answer_engine=self.answer_engine,
+                           answer_task_rows=self.answer_task_rows)
+            job._answer(merge_partials(rows, stream, None), stream, folder, "warm")
             log.info("Spark's answer job for %s/%s warmed up in %.1f s", stream, folder,
                      time.monotonic() - t)
         except Exception as e:  # noqa: BLE001 - the first batch does it instead
             log.debug("warming up %s/%s: %s", stream, folder, one_line(e))
         finally:
+            shutil.rmtree(root, ignore_errors=True)
             if done is not None:
                 done.set()
 
@@ -444,20 +446,20 @@ class SparkJob:
 WARM_WAIT_S = 120.0  # a folder's first batch waits for its warm-up at most this
 
 
-def layout_rows(spark: SparkSession, d: Path, stream: str, folder: str, labels: list[str],
+def layout_rows(spark: SparkSession, stream: str, folder: str, labels: list[str],
                 slots: list[int]) -> DataFrame:
-    """A spool file in ``d`` of one partial row per node layout of ``labels`` (window 0, each
-    key field present, every one of ``slots`` the layout has room for in its pattern), read
-    by Spark."""
+    """Spool rows of the folder, one partial row per node layout of ``labels`` (window 0,
+    each key field present, every one of ``slots`` the layout has room for in its pattern):
+    a local relation of Spark's own, no file (on a cluster the executors read nothing of the
+    driver's disk)."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from collector.keys import KeyLayout
-    from collector.pipeline.spool import null_columns
+    from collector.spark.answers import spark_type
     schema = schema_for(stream, folder)
-    (d / "spool").mkdir(parents=True, exist_ok=True)
-    for i, label in enumerate(labels):
+    rows = []
+    for label in labels:
         lay = KeyLayout.parse(stream, label)
         words = np.ones((1, lay.words), np.int64)
         pattern = np.zeros(lay.q_words, np.uint64)
@@ -465,13 +467,12 @@ def layout_rows(spark: SparkSession, d: Path, stream: str, folder: str, labels: 
             if s < 64 * lay.q_words:
                 pattern[s // 64] |= np.uint64(1 << (s % 64))
         words[0, lay.field_words:] = pattern.view(np.int64)
-        row = {"window_start": pa.array([0], schema.field("window_start").type),
-               "node": pa.array([label]),
-               "key": lay.encode(words, pa.array(["a"]) if lay.string is not None else None),
-               "cnt": pa.array([1], pa.int64())}
-        pq.write_table(pa.Table.from_arrays(null_columns(schema, 1, row), schema=schema),
-                       d / "spool" / f"{i}.parquet")
-    return spark.read.schema(spark_ddl(schema)).parquet(str(d / "spool"))
+        key = lay.encode(words, pa.array(["a"]) if lay.string is not None else None)
+        given = {"window_start": S.timestamp_seconds(S.lit(0)), "node": S.lit(label),
+                 "key": S.lit(key[0].as_py()), "cnt": S.lit(1)}
+        rows.append(S.struct(*(given.get(f.name, S.lit(None)).cast(spark_type(f.type))
+                               .alias(f.name) for f in schema)))
+    return S.select(spark.range(1), S.inline(S.array(*rows)))
 
 
 WARM_UP_SQL = ("SELECT time/60 AS t, src_ip, count(*) AS n, sum(wirelen) AS b FROM packets "
@@ -493,9 +494,8 @@ def warm_up(spark: SparkSession, answer_engine: str = "python") -> None:
     if app in _warmed:
         return
     q = parse_single(WARM_UP_SQL, "warm_up")
+    rows = layout_rows(spark, "packets", "60", [KeyLayout("packets", ("src_ip",), 1).label], [0])
     with tempfile.TemporaryDirectory(prefix="flowsieve-warm-") as d:
-        rows = layout_rows(spark, Path(d), "packets", "60",
-                           [KeyLayout("packets", ("src_ip",), 1).label], [0])
         job = SparkJob(spark, Path(d), Path(d) / "results", Path(d) / "ck", lambda: {0: q},
                        answer_engine=answer_engine)
         job._answer(rows, "packets", "60", "warm")

@@ -4,6 +4,7 @@ back-off, and answers what the spool held meanwhile."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -245,11 +246,12 @@ def test_the_streaming_job_answers_in_spark_s_engine_as_dpkt_does(spark, tmp_pat
         assert metric(text, "flowsieve_query_result_rows_total", f'query="{q.name}"') == t.num_rows
 
 
-def test_the_first_batch_finds_its_answers_warmed_up(spark, tmp_path, monkeypatch):
+def test_the_first_batch_finds_its_answers_warmed_up(spark, tmp_path, monkeypatch, caplog):
     """Spark's engine warms up a folder's answers on a row of each node layout the plan's
-    probes write (``node_layouts``: the engine's tables' own), into a folder thrown away: the
-    first batch then builds no pass of its own and needs one job to learn its layouts, and
-    its answers equal dpkt's."""
+    probes write (``node_layouts``: the engine's tables' own; rows of Spark's own, no file),
+    into a folder of the results' staging area, removed after: the first batch then builds
+    no pass of its own and needs one job to learn its layouts, and its answers equal
+    dpkt's."""
     import collector.spark.compile as compile_module
     import collector.spark.derive as derive
     from collector.pipeline.compiled_plan import node_layouts
@@ -267,9 +269,13 @@ def test_the_first_batch_finds_its_answers_warmed_up(spark, tmp_path, monkeypatc
                    Metrics(), answer_engine="sql", layouts=lambda st, f: node_layouts(plan, st, f))
     monkeypatch.setattr(derive, "_PASSES", {})  # as if no test had built it
     monkeypatch.setattr(derive, "_LABELS", {})
-    job.warm("packets", "60")
+    with caplog.at_level(logging.DEBUG, logger="flowsieve.spark"):
+        job.warm("packets", "60")
+    assert [r.message for r in caplog.records if "warm" in r.message][-1].startswith(
+        "Spark's answer job for packets/60 warmed up"), caplog.text
     assert derive._PASSES, "no pass was built"
     assert not list(results.glob("query=*/*")), "the warm-up wrote answers"
+    assert not list(results.glob("_jobs/*")), "the warm-up left its folder"
     built, counted = [], []
     real_pass, real_patterns = compile_module.shared_pass, compile_module.patterns
     monkeypatch.setattr(compile_module, "shared_pass",
