@@ -102,7 +102,7 @@ def reload_changed(on_error: Callable[[str, Exception], None] | None = None) -> 
             swapped = Enrichment(fresh, precedence)
             _published(swapped, done)
             _current = swapped
-        log.info("enrichment reloaded: %s", ", ".join(done))
+            log.info("enrichment reloaded: %s", ", ".join(done))
     return done
 
 

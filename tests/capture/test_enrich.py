@@ -5,6 +5,7 @@ mixed lengths, IPv4-only, IPinfo's layout); corrupt files; the AS precedence; re
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import random
 import shutil
@@ -252,16 +253,22 @@ def test_no_database_gives_null_and_is_missing():
     assert enrich.missing("flows", ["src_asn"]) == []  # its exporter may send it
 
 
-def test_reload_swaps_a_changed_file_and_keeps_the_last_good_one(tmp_path):
+def test_reload_swaps_a_changed_file_and_keeps_the_last_good_one(tmp_path, caplog):
+    """A changed file is reloaded and said so in the log; an unchanged one is neither (the
+    reloader checks every few seconds); a broken one keeps the last good one."""
     path = tmp_path / "asn.mmdb"
     shutil.copy(DATA / "GeoLite2-ASN-Test.mmdb", path)
     first = enrich.configure({"asn": (str(path), {})})
     addrs = ["1.128.0.1", "9.9.9.9"]
     assert looked_up(first.databases["asn"], addrs, "asn") == [1221, -1]
-    assert enrich.reload_changed() == []  # unchanged
+    with caplog.at_level(logging.INFO):
+        assert enrich.reload_changed() == []  # unchanged
+    assert "reloaded" not in caplog.text
     write_db(path, {"9.9.9.0/24": {"autonomous_system_number": 19281}})
     os.utime(path, ns=(1, 1))  # a new stamp even within the clock's resolution
-    assert enrich.reload_changed() == ["asn"]
+    with caplog.at_level(logging.INFO):
+        assert enrich.reload_changed() == ["asn"]
+    assert "enrichment reloaded: asn" in caplog.text
     assert enrich.current() is not first
     assert looked_up(enrich.current().databases["asn"], addrs, "asn") == [-1, 19281]
     path.write_bytes(b"garbage")
