@@ -457,15 +457,13 @@ def layout_rows(spark: SparkSession, stream: str, folder: str, labels: list[str]
 
     from collector.keys import KeyLayout
     from collector.spark.answers import spark_type
+    from planner.slots import slot_mask
     schema = schema_for(stream, folder)
     rows = []
     for label in labels:
         lay = KeyLayout.parse(stream, label)
         words = np.ones((1, lay.words), np.int64)
-        pattern = np.zeros(lay.q_words, np.uint64)
-        for s in slots:
-            if s < 64 * lay.q_words:
-                pattern[s // 64] |= np.uint64(1 << (s % 64))
+        pattern = slot_mask([s for s in slots if s < 64 * lay.q_words], lay.q_words)
         words[0, lay.field_words:] = pattern.view(np.int64)
         key = lay.encode(words, pa.array(["a"]) if lay.string is not None else None)
         given = {"window_start": S.timestamp_seconds(S.lit(0)), "node": S.lit(label),
