@@ -570,12 +570,8 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
                  for s in eligible[label] if int.from_bytes(pat, "little") >> s & 1]
         # a local relation of Spark's own (createDataFrame of a list would be a Python RDD:
         # Python workers on the answer path)
-        slot_of = S.select(merged.sparkSession.range(1), S.inline(S.array(*(
-            S.struct(*(S.lit(v).alias(n) for v, n in zip(r, ("node", "_pat", "_layout", SLOT),
-                                                            strict=True)))
-            for r in table or [("", b"", 0, 0)]))))
-        if not table:
-            slot_of = slot_of.limit(0)
+        slot_of = S.local_rows(merged.sparkSession, {"node": "string", "_pat": "binary",
+                                                     "_layout": "int", SLOT: "int"}, table)
         joined = S.select(rows.join(F.broadcast(slot_of), ["node", "_pat"]),
                           "window_start", *values, SLOT, cut_as)
         spread: dict[int, list[int]] = {}  # buckets -> the slots spread over as many

@@ -14,11 +14,12 @@ PySpark's takes a column; where it takes a literal (a pattern, a separator), so 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 
@@ -272,3 +273,19 @@ def where(frame: DataFrame, condition: Expr) -> DataFrame:
 
 def with_column(frame: DataFrame, name: str, e: Expr) -> DataFrame:
     return frame.withColumn(name, column(e))
+
+
+def local_rows(spark: SparkSession, columns: dict[str, str], rows: Iterable[tuple]
+               ) -> DataFrame:
+    """A local relation of Spark's own (no Python RDD, nothing on the driver's disk) of
+    ``rows`` in ``columns`` (name -> Spark type: ``int``, ``bigint``, ``string`` or
+    ``binary``), handed over as one JSON literal: an array of structs of literals is parsed
+    and folded a literal at a time (2.7 s for 6,600 rows of four columns, against 0.1 s)."""
+    as_json = {n: "string" if t == "binary" else t for n, t in columns.items()}
+    text = json.dumps([{n: v.hex() if columns[n] == "binary" and v is not None else v
+                        for n, v in zip(columns, r, strict=True)} for r in rows])
+    schema = ", ".join(f"{quoted(n)}: {t}" for n, t in as_json.items())
+    frame = select(spark.range(1), _call("inline", f"from_json({_literal(text)}, "
+                                                   f"{_literal(f'array<struct<{schema}>>')})"))
+    return select(frame, *(_call("unhex", quoted(n)).alias(n) if t == "binary" else n
+                           for n, t in columns.items()))

@@ -75,3 +75,18 @@ def test_names_are_quoted(spark):
 def test_an_expression_has_no_truth_value():
     with pytest.raises(ValueError):
         bool(S.col("a") == 1)
+
+
+def test_local_rows_are_the_rows_given_and_spark_s_own(spark):
+    """``local_rows``: the rows as given (texts with quotes and backslashes, bytes, numbers
+    past 32 bits, NULLs), none when given none, as a local relation (no RDD in the plan)."""
+    columns = {"node": "string", "_pat": "binary", "n": "int", "big": "bigint"}
+    rows = [("src_ip#1", b"\x01\x00\xff", 3, 2**40), ("it's \\ ü", b"", 0, -1),
+            (None, None, None, None)]
+    frame = S.local_rows(spark, columns, rows)
+    assert [(f.name, f.dataType.simpleString()) for f in frame.schema] == list(columns.items())
+    got = [tuple(bytes(v) if isinstance(v, bytearray) else v for v in r)
+           for r in frame.collect()]
+    assert got == rows
+    assert "ExistingRDD" not in frame._jdf.queryExecution().optimizedPlan().toString()
+    assert S.local_rows(spark, columns, []).count() == 0
