@@ -141,7 +141,7 @@ class SparkConfig(BaseModel):
         "tasks of flowsieve's); sql (Spark's own engine, from the queries compiled to Spark "
         "expressions, selections too: no Python on the executors)")
     answer_task_rows: int = Field(
-        500_000, gt=0, description="sql engine: a query without ORDER BY or LIMIT whose node "
+        500_000, gt=0, description="a query without ORDER BY, LIMIT or a join whose node "
         "holds more merged rows than this in a batch is answered by several tasks (a part "
         "file each, by a hash of its keys), not one")
     extra: dict[str, str] = Field(default_factory=dict, description="any other spark.* setting")

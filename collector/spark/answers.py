@@ -121,6 +121,8 @@ def spark_type(dt: pa.DataType) -> str:
     """The Spark SQL type of an Arrow type the HFTA uses."""
     if pa.types.is_timestamp(dt):
         return "timestamp"
+    if pa.types.is_list(dt):
+        return f"array<{spark_type(dt.value_type)}>"
     return {pa.int32(): "int", pa.int64(): "bigint", pa.binary(): "binary",
             pa.string(): "string", pa.float64(): "double", pa.bool_(): "boolean"}[dt]
 

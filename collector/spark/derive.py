@@ -37,13 +37,14 @@ from pyspark.sql import DataFrame
 from capture.enrich.dictionary import dictionary
 from capture.fields import IP, SKETCH, TEXT_FIELDS, fields, key_field, measures
 from collector.spark.answers import spark_type
-from collector.spark.write import QUERY, PartWriter
+from collector.spark.write import QUERY, PartWriter, spread_name
 from planner.ir import Query
 
 TS_US = pa.timestamp("us", tz="UTC")
-# what an answer task returns: a row per part it wrote
+# what an answer task returns: a row per file it wrote (the starts of its windows: a spread
+# answer's files share windows)
 WRITTEN = pa.schema([pa.field(QUERY, pa.string()), pa.field("part", pa.string()),
-                     pa.field("windows", pa.int64()), pa.field("newest", pa.int64()),
+                     pa.field("starts", pa.list_(pa.int64())), pa.field("newest", pa.int64()),
                      pa.field("rows", pa.int64())])
 
 
@@ -120,14 +121,17 @@ class Folder:
         return pa.schema(cols)
 
 
-def fan_out(folder: Folder, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def fan_out(folder: Folder, batches: Iterator[pa.RecordBatch],
+            spread: dict[int, int] | None = None) -> Iterator[pa.RecordBatch]:
     """Partial rows as rows per query slot of their pattern (``Folder.fan_schema``), with the
     keys the slot's query reads (NULL the others), and the rows of a batch that then share a
     (slot, window, keys) combined: rows of one group that differ only in their patterns (or
     in keys the query rolls up) become one, before Spark moves them (the CSV bench's 6.5M
     fanned rows: 2.6M). Rows of a slot no query of ``folder`` holds (deleted since they were
     spooled) are left out. Vectorised: a node's rows and its slots become (row, slot) pairs at
-    once, and each column is taken once per node."""
+    once, and each column is taken once per node. ``spread``: answers (by index) spread over
+    that many tasks, each row's ``g`` then its answer's ``task_group`` by the hash of its
+    query's keys."""
     from collector.keys import KeyLayout
     schema = folder.fan_schema
     slots = np.array(sorted(folder.by_slot), np.int64)
@@ -171,8 +175,73 @@ def fan_out(folder: Folder, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Re
                     col = pc.if_else(pa.array(approx[mine][j]), col,
                                      pa.scalar(None, pa.binary()))
                 out[name] = col
+            if spread:
+                out["g"] = _spread_groups(folder, spread, out)
             fanned = pa.RecordBatch.from_arrays([out[n] for n in schema.names], schema=schema)
             yield fanned if approx[mine][j].any() else _combined(folder, fanned)
+
+
+def task_group(folder: Folder, answer: int, bucket: int) -> int:
+    """The ``g`` of bucket ``bucket`` of answer ``answer`` (the answer itself: bucket 0)."""
+    return answer + len(folder.answers) * bucket
+
+
+def _spread_groups(folder: Folder, spread: dict[int, int], out: dict[str, pa.Array]
+                   ) -> pa.Array:
+    """``out``'s ``g`` with each row of a spread answer moved to its bucket's: the hash of
+    the row's values of the query's keys, the same in every task (rows of one group meet)."""
+    g = out["g"].to_numpy(zero_copy_only=False).astype(np.int64)
+    for answer, n in spread.items():
+        rows = np.flatnonzero(g == answer)
+        if not len(rows):
+            continue
+        q = folder.answers[answer]
+        at = pa.array(rows)
+        cols = [out[f"k{i}"].take(at) for i, k in enumerate(folder.keys) if k in q.keys]
+        g[rows] = task_group(folder, answer, 0) + len(folder.answers) * (
+            (key_hash(cols, len(rows)) >> np.uint64(33)) % np.uint64(n)).astype(np.int64)
+    return pa.array(g.astype(np.int32))
+
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def key_hash(columns: list[pa.Array], n: int) -> np.ndarray:
+    """A hash (uint64) of each of ``n`` rows' values of ``columns`` that depends on the values
+    alone (not on the batch: no dictionary of values), NULL hashed as 0."""
+    h = np.zeros(n, np.uint64)
+    with np.errstate(over="ignore"):
+        for a in columns:
+            for w in _hash_words(a):
+                h = (h ^ w) * _MIX
+                h ^= h >> np.uint64(29)
+    return h
+
+
+def _hash_words(a: pa.Array) -> list[np.ndarray]:
+    """A column as uint64 words for ``key_hash``: integers as they are, other values a
+    polynomial hash of their bytes."""
+    from collector.keys import binary_buffers
+    t = a.type
+    if pa.types.is_integer(t) or pa.types.is_timestamp(t):
+        return [pc.fill_null(a.cast(pa.int64()), 0).to_numpy(zero_copy_only=False)
+                .view(np.uint64)]
+    if not pa.types.is_binary(t):  # (large) strings, large binaries: the same bytes
+        a = a.cast(pa.binary())
+    off, data = binary_buffers(pc.fill_null(a, b"") if a.null_count else a)
+    lens, starts = np.diff(off), off[:-1] - off[0]
+    body = data[off[0]:off[-1]].astype(np.uint64)
+    width = int(lens.max(initial=0))
+    sums = np.zeros(len(lens), np.uint64)
+    full = lens > 0
+    with np.errstate(over="ignore"):  # FNV's prime to the power of the place
+        powers = np.cumprod(np.full(max(width, 1), 1099511628211, np.uint64))
+        if full.all() and (lens == width).all():  # fixed width (addresses): row by row
+            sums = (body.reshape(len(lens), width) * powers).sum(axis=1, dtype=np.uint64)
+        elif full.any():
+            pos = np.arange(len(body)) - np.repeat(starts, lens)  # each byte's place
+            sums[full] = np.add.reduceat(body * powers[pos], starts[full])
+    return [sums, lens.astype(np.uint64)]
 
 
 def _combined(folder: Folder, rows: pa.RecordBatch) -> pa.RecordBatch:
@@ -198,7 +267,7 @@ def answer_of_group(folder: Folder, table: pa.Table) -> tuple[Query, pa.Table]:
     """The answer of one answer (``Folder.answers[g]``) in windows from their fanned-out rows:
     the query and its rows in its own columns (``answers.answer_schema``), by window."""
     from collector.spark.answers import answer_table, finalize, join_answer, order_rows
-    top = folder.answers[table.column("g")[0].as_py()]
+    top = folder.answers[table.column("g")[0].as_py() % len(folder.answers)]
     slot_col = table.column("q").to_numpy()
     present = np.unique(slot_col).tolist()
     parts: dict[str, pa.Table] = {}
@@ -222,9 +291,10 @@ def answer_of_group(folder: Folder, table: pa.Table) -> tuple[Query, pa.Table]:
     return top, answer_table(top, order_rows(top, answer))
 
 
-def _written(query: Query, part: str, windows: int, newest: int, rows: int) -> pa.RecordBatch:
+def _written(query: Query, part: str, starts: list[int], newest: int, rows: int
+             ) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict({QUERY: [query.name], "part": [part],
-                                       "windows": [windows], "newest": [newest],
+                                       "starts": [starts], "newest": [newest],
                                        "rows": [rows]}, schema=WRITTEN)
 
 
@@ -245,13 +315,15 @@ def _answer_task(folder: Folder, root: str, part: str,
     """An answer task: fanned-out rows sorted by (answer, window); an answer's consecutive
     windows answered together (up to ``ANSWER_ROWS`` rows, or one window however large: memory
     bounded either way; small windows cost one pass, not one each) and written, a row group per
-    window, into the answer's part of the results (``write.PartWriter``); a row per part
-    written."""
+    window, into the answer's part of the results (``write.PartWriter``; a spread answer's
+    bucket ``b`` into the part's ``write.spread_name(part, b)``); a row per file written."""
     from collector.spark.answers import answer_schema
     meta = _task_meta()
     writer: PartWriter | None = None
     query: Query | None = None
-    windows = newest = 0
+    group = None  # the (answer, bucket) being written
+    starts: list[int] = []
+    newest = 0
     pending: list[pa.RecordBatch] = []
     held = 0  # rows pending
     key = None
@@ -260,24 +332,27 @@ def _answer_task(folder: Folder, root: str, part: str,
         nonlocal writer
         if writer is not None:
             writer.close()
-            yield _written(query, writer.final.name, windows, newest, writer.rows)
+            yield _written(query, writer.final.name, starts, newest, writer.rows)
             writer = None
 
     def answer(rows: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        nonlocal writer, query, windows, newest
+        nonlocal writer, query, group, starts, newest
+        g = rows[0].column("g")[0].as_py()
         q, table = answer_of_group(folder, pa.Table.from_batches(rows))
-        if q is not query:
+        if g != group:
             yield from done()
-            query, windows = q, 0
+            query, group, starts = q, g, []
         if not table.num_rows:  # no group passed its HAVING
             return
         if writer is None:
-            writer = PartWriter(root, q.name, part, answer_schema(q), meta)
+            bucket = g // len(folder.answers)
+            writer = PartWriter(root, q.name, spread_name(part, bucket) if bucket else part,
+                                answer_schema(q), meta)
         ws = pc.cast(table.column("window_start"), pa.int64()).to_numpy()  # sorted by window
         cut = np.flatnonzero(ws[1:] != ws[:-1]) + 1
         for lo, hi in zip(np.r_[0, cut], np.r_[cut, len(ws)], strict=True):
             writer.write(table.slice(lo, hi - lo))
-        windows += len(cut) + 1
+        starts += (ws[np.r_[0, cut]] // 1_000_000).tolist()
         newest = max(newest, int(ws[-1]) // 1_000_000)
 
     try:
@@ -340,7 +415,7 @@ def _select_task(folder: Folder, root: str, part: str,
             writers[q.name][1].write(rows.select(answer_schema(q).names))
         for q, w in writers.values():
             w.close()
-            yield _written(q, name, 0, 0, w.rows)
+            yield _written(q, name, [], 0, w.rows)
     except BaseException:
         for _, w in writers.values():
             w.abort()
@@ -352,26 +427,129 @@ def part_name(job: str) -> str:
     return f"part-{job}.parquet"
 
 
-def answers(rows: DataFrame, folder: Folder, root: str, job: str, partitions: int
-            ) -> DataFrame:
+def answers(rows: DataFrame, folder: Folder, root: str, job: str, partitions: int,
+            task_rows: int | None = None, layouts: Iterable[str] = (), reuse: bool = True,
+            at_most: int | None = None) -> list[dict]:
     """The job that answers a folder's partial rows (or a selection folder's tuples) and
-    writes the answers under ``root``, each query's as its part ``part_name(job)``: a lazy
-    DataFrame of what it wrote, a row per query (its windows, its newest window's start,
-    rows). ``partitions``: the answer tasks (a query's rows go to one of them)."""
-    from pyspark.sql import functions as F
+    writes the answers under ``root``, each query's as its part ``part_name(job)``; what it
+    wrote, a row per query (its windows, its newest window's start, rows). ``partitions``:
+    the answer tasks (a query's rows go to one of them). A query without ORDER BY, LIMIT or
+    a join whose merged rows outnumber ``task_rows`` (default ``ANSWER_TASK_ROWS``; counted
+    from the batch's query-bit patterns, one small job) is spread over as many tasks by the
+    hash of its keys, a file each (``write.spread_name``), as Spark's engine spreads it.
+    ``reuse``: ``rows`` are a streaming batch's merge, kept for the two jobs that read them;
+    ``layouts``: node layouts the rows may hold (the plan's); ``at_most``: how many rows
+    ``rows`` has at most, when known (no count is needed when no query can outnumber
+    ``task_rows``)."""
     part = part_name(job)
+    per_task = task_rows or ANSWER_TASK_ROWS
     if folder.folder == "select":
         cols = [f.name for f in fields(folder.stream).values()] + ["qmask"]
-        written = rows.select(*cols).mapInArrow(partial(_select_task, folder, root, part),
-                                                ddl(WRITTEN))
-    else:
-        fan = rows.select(*folder.columns).mapInArrow(partial(fan_out, folder),
+        return _summed(rows.select(*cols).mapInArrow(
+            partial(_select_task, folder, root, part), ddl(WRITTEN)).collect(), root, part)
+    spreadable = {i: q for i, q in enumerate(folder.answers)
+                  if q.join is None and not q.order and q.limit is None} \
+        if at_most is None or at_most > per_task else {}
+    if reuse and spreadable:
+        rows = rows.persist()
+    try:
+        spread = {}
+        if spreadable:
+            from collector.spark.compile import slot_rows
+            slot = {q.name: s for s, q in folder.slots}
+            counts = slot_rows(held_patterns(rows, folder, layouts),
+                               [slot[q.name] for q in spreadable.values()])
+            # no more tasks than Spark runs at once: a task's rows are numpy's, not held in
+            # the JVM, and a reader merges the files of a window (8 tasks on 2 cores: 3.6 s
+            # more to read 4M rows back, for 4 s less answering)
+            most = rows.sparkSession.sparkContext.defaultParallelism
+            spread = {i: min(-(-counts[slot[q.name]] // per_task), most)
+                      for i, q in spreadable.items() if counts[slot[q.name]] > per_task}
+            spread = {i: n for i, n in spread.items() if n > 1}
+        fan = rows.select(*folder.columns).mapInArrow(partial(fan_out, folder, spread=spread),
                                                       ddl(folder.fan_schema))
-        written = (fan.repartition(partitions, "g").sortWithinPartitions("g", "window_start")
+        tasks = max(partitions, *spread.values()) if spread else partitions
+        written = (placed(fan, _tasks_of(folder, spread, tasks), tasks)
+                   .sortWithinPartitions("g", "window_start")
                    .mapInArrow(partial(_answer_task, folder, root, part), ddl(WRITTEN)))
-    return written.groupBy(QUERY).agg(F.sum("windows").alias("windows"),
-                                      F.sum("rows").alias("rows"),
-                                      F.max("newest").alias("newest"))
+        return _summed(written.collect(), root, part)
+    finally:
+        if reuse and spreadable:
+            rows.unpersist()
+
+
+def _tasks_of(folder: Folder, spread: dict[int, int], tasks: int) -> dict[int, int]:
+    """Which of ``tasks`` answers each ``g``: a spread answer's buckets on tasks of their own
+    (as far as there are tasks), then the other answers in turn."""
+    gs = [task_group(folder, a, b) for a, n in spread.items() for b in range(n)]
+    gs += [a for a in range(len(folder.answers)) if a not in spread]
+    return {g: i % tasks for i, g in enumerate(gs)}
+
+
+def placed(frame: DataFrame, task_of: dict[int, int], tasks: int) -> DataFrame:
+    """``frame`` in ``tasks`` partitions, its rows of each ``g`` in partition
+    ``task_of[g]``. ``repartition(tasks, "g")`` hashes ``g`` (Murmur3, seed 42) modulo the
+    tasks: two answers' ``g`` often met in one task while another had none (``hash(0)`` and
+    ``hash(1)`` are both odd); here each ``g`` is given a value that hashes to its task."""
+    from pyspark.sql import functions as F
+    value = {t: next(v for v in range(1 << 20) if spark_partition(v, tasks) == t)
+             for t in set(task_of.values())}
+    cases = " ".join(f"WHEN {g} THEN {value[t]}" for g, t in sorted(task_of.items()))
+    to = F.expr(f"CASE g {cases} ELSE g END") if cases else F.col("g")
+    return frame.withColumn("_task", to).repartition(tasks, "_task").drop("_task")
+
+
+def spark_partition(value: int, partitions: int) -> int:
+    """The partition Spark's hash partitioning gives an int ``value`` among ``partitions``:
+    ``pmod(hash(value), partitions)``, Murmur3 x86 32-bit of the int with seed 42."""
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+    k = rotl(((value & 0xFFFFFFFF) * 0xCC9E2D51) & 0xFFFFFFFF, 15) * 0x1B873593 & 0xFFFFFFFF
+    h = (rotl(42 ^ k, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h ^= 4
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    h ^= h >> 16
+    signed = h - (1 << 32) if h >= 1 << 31 else h
+    return signed % partitions  # Python's % is pmod
+
+
+def _summed(written: list, root: str, part: str) -> list[dict]:
+    """What the answer tasks wrote (a row per file) as a row per query; the files of an
+    earlier run of the same job (a batch Spark runs again) that this run did not write
+    again (it spread a query over fewer) removed."""
+    from pathlib import Path
+
+    from collector.spark.write import part_of
+    out: dict[str, dict] = {}
+    files: dict[str, set[str]] = {}
+    for r in written:
+        q = out.setdefault(r[QUERY], {"query": r[QUERY], "rows": 0, "newest": 0, "starts": set()})
+        q["rows"] += r["rows"]
+        q["newest"] = max(q["newest"], r["newest"])
+        q["starts"].update(r["starts"])
+        files.setdefault(r[QUERY], set()).add(r["part"])
+    for name, kept in files.items():
+        for old in (Path(root) / f"{QUERY}={name}").glob(f"{part.removesuffix('.parquet')}.*"):
+            if old.name.endswith(".parquet") and part_of(old.name) == part and \
+                    old.name not in kept:
+                old.unlink(missing_ok=True)
+    return [{**{k: v for k, v in q.items() if k != "starts"}, "windows": len(q["starts"])}
+            for q in out.values()]
+
+
+def held_patterns(rows: DataFrame, folder: Folder, layouts: Iterable[str] = ()):
+    """``compile.patterns`` of ``rows``: the rows of each (node layout, query-bit pattern),
+    read by the layouts the folder's batches held before and ``layouts`` (one more job when
+    a new one appears)."""
+    from collector.spark.compile import patterns
+    held = patterns(rows, folder.stream, _labels(rows.sparkSession, folder, set(layouts)))
+    if any(p is None for _, p in held):
+        held = patterns(rows, folder.stream, _labels(
+            rows.sparkSession, folder, {n for n, _ in held}))
+    return held
 
 
 # a row group of Spark's answer parts: whoever reads an answer back holds one at a time (a
@@ -422,7 +600,6 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
         answer_frame,
         join_frame,
         key_columns,
-        patterns,
         plain,
         selection_frame,
         slot_rows,
@@ -434,11 +611,7 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
         tuples = folder.folder == "select"  # a selection folder's tuples, not partial rows
         # the rows of each (node layout, query-bit pattern), by the layouts seen before (one
         # more job when a new one appears)
-        held = {} if tuples else patterns(rows, folder.stream,
-                                          _labels(rows.sparkSession, folder, set(layouts)))
-        if any(p is None for _, p in held):
-            held = patterns(rows, folder.stream, _labels(
-                rows.sparkSession, folder, {n for n, _ in held}))
+        held = {} if tuples else held_patterns(rows, folder, layouts)
         labels = sorted({n for n, _ in held})
         texts = None if tuples else dictionary_frame(rows.sparkSession, folder)
         slots = {q.name: s for s, q in folder.slots}

@@ -67,6 +67,15 @@ def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None,
         *aggs, F.hll_union_agg("hll", True).alias("hll")))
 
 
+def _rows_in(path: Path) -> int | None:
+    """The rows of a spool folder's Parquet files, from their footers (None: unreadable)."""
+    import pyarrow.parquet as pq
+    try:
+        return sum(pq.ParquetFile(f).metadata.num_rows for f in path.glob("*.parquet"))
+    except (OSError, ValueError):
+        return None
+
+
 class SparkJob:
     """Starts and stops the per-folder streaming queries; answers a finite spool in batch."""
 
@@ -111,7 +120,7 @@ class SparkJob:
             str(folder_of(self.spool_root)))
 
     def _answer(self, rows: DataFrame, stream: str, folder: str, job: str,
-                streamed: bool = True) -> None:
+                streamed: bool = True, at_most: int | None = None) -> None:
         """One Spark job: the answers of ``rows`` (partial rows, or a selection's tuples)
         derived and written by the executors, as each query's part ``part-<job>``; the metrics
         of what they wrote (a row per query, the only rows the driver reads)."""
@@ -132,7 +141,10 @@ class SparkJob:
                     task_rows=self.answer_task_rows,
                     layouts=self.layouts(stream, folder) if self.layouts is not None else ())
             else:
-                written = answers(rows, spec, self.results_root, job, tasks).collect()
+                written = answers(
+                    rows, spec, self.results_root, job, tasks, self.answer_task_rows,
+                    self.layouts(stream, folder) if self.layouts is not None else (),
+                    reuse=streamed, at_most=at_most)
         finally:
             sc.setJobDescription(None)
         now = time.time()
@@ -295,7 +307,8 @@ class SparkJob:
             t0 = time.perf_counter()
             rows = (self.spark.read.schema(spark_ddl(schema_for(stream, folder)))
                     .parquet(str(path)))
-            self._answer(rows, stream, folder, "replay", streamed=False)
+            self._answer(rows, stream, folder, "replay", streamed=False,
+                         at_most=_rows_in(path))
             self.timings["answers_s"] = self.timings.get("answers_s", 0.0) + \
                 time.perf_counter() - t0
             self.metrics.spark_batches.labels(stream, folder).inc()

@@ -257,8 +257,9 @@ def test_replay_flows_equals_nfdump(spark, tmp_path, engine):
 
 
 @pytest.mark.slow
-def test_a_large_answer_spread_over_tasks_equals_nfdump_in_order(spark, tmp_path):
-    """Spark's engine with ``spark.answer_task_rows: 4``: the FROM flows GROUP BY src_ip,
+@pytest.mark.parametrize("engine", ["python", "sql"])
+def test_a_large_answer_spread_over_tasks_equals_nfdump_in_order(spark, tmp_path, engine):
+    """Either answer engine with ``spark.answer_task_rows: 4``: the FROM flows GROUP BY src_ip,
     dst_ip of softflowd's IPFIX export of ok.pcap is answered by several tasks, its part
     several files, each its own share of the keys; read back, the rows equal nfdump's own
     aggregation, every pair once, in the query's order (by src_ip then dst_ip, as text)."""
@@ -269,7 +270,7 @@ def test_a_large_answer_spread_over_tasks_equals_nfdump_in_order(spark, tmp_path
         "-- name: pairs\nSELECT time/86400 AS d, src_ip, dst_ip, count(*) AS flows, "
         "sum(packets) AS pkts, sum(bytes) AS bytes FROM flows "
         "GROUP BY time/86400, src_ip, dst_ip")
-    settings = Settings(spark={"answer_engine": "sql", "answer_task_rows": 4})
+    settings = Settings(spark={"answer_engine": engine, "answer_task_rows": 4})
     res = replay(flow_data(f"{base}-export.pcap"), queries, tmp_path, spark, settings=settings)
     assert res.error is None
     files = part_files(tmp_path / "results", "pairs")

@@ -85,3 +85,30 @@ def test_query_partials_give_each_query_its_tuples():
         got[r["q"]][key] += r["cnt"]
     assert got[3] == udp
     assert got[70] == dns
+
+
+def test_a_spread_answer_s_key_hash_depends_on_the_values_alone():
+    """``derive.key_hash`` (which task of a spread answer a row goes to): a row's hash is the
+    same whatever batch, order or slice holds it (the rows of one group, fanned out by
+    different tasks, meet), NULL as an empty value; different keys mostly differ."""
+    from collector.spark.derive import key_hash
+    names = ["www.example.com", "", None, "a", "b", "ü.example", "www.example.com"]
+    ips = [bytes(range(i, i + 16)) for i in range(len(names))]
+    ports = [53, 80, None, 443, 53, 8080, 53]
+    cols = [pa.array(names), pa.array(ips, pa.binary()), pa.array(ports, pa.int32())]
+    h = key_hash(cols, len(names))
+    order = [6, 3, 0, 5, 2, 1, 4]
+    shuffled = [c.take(pa.array(order)) for c in cols]
+    assert key_hash(shuffled, len(order)).tolist() == h[order].tolist()
+    sliced = [pa.concat_arrays([pa.array(["x"] * 3), cols[0]]).slice(3),
+              pa.concat_arrays([pa.array([b"y" * 16] * 3), cols[1]]).slice(3), cols[2]]
+    assert key_hash(sliced, len(names)).tolist() == h.tolist()
+    wide = [pa.array(names, pa.large_string()), cols[1].cast(pa.large_binary()), cols[2]]
+    assert key_hash(wide, len(names)).tolist() == h.tolist()
+    # an address hashes alike in a batch of addresses only and in one with a NULL
+    with_null = pa.array([*ips, None], pa.binary())
+    assert key_hash([with_null], len(ips) + 1)[:-1].tolist() == \
+        key_hash([cols[1]], len(ips)).tolist()
+    assert len(set(h[:6].tolist())) == 6  # six distinct keys
+    assert key_hash([pa.array([None], pa.string())], 1)[0] == \
+        key_hash([pa.array([""])], 1)[0]

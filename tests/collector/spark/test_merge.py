@@ -446,8 +446,10 @@ def test_rows_that_come_after_their_window_closed_are_counted(spark, tmp_path):
     assert 0 < late() <= behind
 
 
-def test_a_batch_run_again_over_fewer_tasks_leaves_nothing_of_the_first(spark, tmp_path):
-    """Spark's engine spreads a query's answer over tasks (a part file each) when its rows
+@pytest.mark.parametrize("engine", ["python", "sql"])
+def test_a_batch_run_again_over_fewer_tasks_leaves_nothing_of_the_first(spark, tmp_path,
+                                                                        engine):
+    """Either engine spreads a query's answer over tasks (a part file each) when its rows
     outnumber ``answer_task_rows``. The same batch run again spread less (another setting)
     replaces the whole part: the first run's further files go, and the answers still equal
     dpkt's, no row twice."""
@@ -458,7 +460,7 @@ def test_a_batch_run_again_over_fewer_tasks_leaves_nothing_of_the_first(spark, t
     slots = {qp.slot: qp.query for qp in plan.queries}
     results = tmp_path / "results"
     job = SparkJob(spark, tmp_path / "spool", results, tmp_path / "ck", lambda: slots, 1,
-                   Metrics(), answer_engine="sql", answer_task_rows=3)
+                   Metrics(), answer_engine=engine, answer_task_rows=3)
     merged = merge_partials(spark.read.parquet(str(spool.folder("packets", "60"))), "packets",
                             None)
     job._answer(merged, "packets", "60", "run-00000003")
@@ -472,6 +474,21 @@ def test_a_batch_run_again_over_fewer_tasks_leaves_nothing_of_the_first(spark, t
     pairs = [(qp.query, read_results(results, qp.query)) for qp in plan.queries]
     assert all(t.equals(first[q.name]) for q, t in pairs)  # the same rows, the same order
     assert answers_of(pairs) == reference(recs)
+
+
+def test_each_answer_goes_to_the_task_chosen_for_it(spark):
+    """``derive.placed``: the rows of each ``g`` land in the partition chosen for it, as
+    Spark's own hash partitioning (``pmod(hash(g), n)``) reads the value given; plain
+    ``repartition(2, "g")`` put g 0 and 1 in one task."""
+    from pyspark.sql import functions as F
+
+    from collector.spark.derive import placed, spark_partition
+    assert spark_partition(0, 2) == spark_partition(1, 2)  # why placed() exists
+    frame = spark.range(0, 600).selectExpr("cast(id % 12 as int) AS g")
+    for tasks in (2, 5, 8):
+        task_of = {g: (g * 7) % tasks for g in range(12)}
+        got = placed(frame, task_of, tasks).select("g", F.spark_partition_id().alias("p"))
+        assert {(r["g"], r["p"]) for r in got.distinct().collect()} == set(task_of.items())
 
 
 def test_a_dead_answer_job_s_leftovers_are_swept_once_stale(tmp_path):
