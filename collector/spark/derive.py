@@ -690,7 +690,7 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
     finally:
         if reuse:
             rows.unpersist()
-    promote(root, job, part_name(job))
+    parts = promote(root, job, part_name(job))
     written, got = [], {}
     for name, (obs, slot) in observed.items():
         # the shared pass's one observation is read once (each read converts it: 50 ms)
@@ -700,11 +700,17 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
             windows = int(m.get("windows") or 0)
         else:
             starts = [r[1] for r in m.get("windows") or () if r[0] == slot]
-            newest, rows_, windows = max(starts, default=None), int(m.get(f"rows_{slot}") or 0), \
+            newest, rows_, windows = max(starts, default=None), _rows_of(parts.get(name, [])), \
                 len(starts)
         written.append({QUERY: name, "rows": rows_, "windows": windows,
                         "newest": int(newest.timestamp()) if newest is not None else 0})
     return written
+
+
+def _rows_of(files: list) -> int:
+    """The rows of an answer's files, from their footers."""
+    import pyarrow.parquet as pq
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
 
 
 _PASSES: dict[tuple, tuple] = {}  # compile.shared_pass's recent results (a daemon's triggers)
@@ -747,12 +753,11 @@ def _shared_pass(spark, folder: Folder, together: list[tuple[int, Query]], label
     if found is None:
         after = dict(seen)
         built = shared_pass(together, labels, after, ranked)
-        # what the job observes of the pass (rows per slot, and the (slot, window) pairs: a
-        # set as small as the windows; an HLL per slot on every row cost more than the
-        # answers' addresses) and each slot's query name
-        observed = [S.column(c) for c in (
-            S.collect_set(S.struct(SLOT, "window_start")).alias("windows"),
-            *(S.count_if(S.col(SLOT) == s).alias(f"rows_{s}") for s, _ in together))]
+        # what the job observes of the pass (the (slot, window) pairs: a set as small as the
+        # windows; an HLL per slot on every row cost more than the answers' addresses; the
+        # rows come from the parts' footers: a count per slot was 50 tests on every row)
+        # and each slot's query name
+        observed = [S.column(S.collect_set(S.struct(SLOT, "window_start")).alias("windows"))]
         name = S.column(S.create_map(*(c for s, q in together for c in (S.lit(s), S.lit(q.name)))))
         found = (frozenset(labels), None if built is None else (*built, observed, name),
                  after)
