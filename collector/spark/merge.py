@@ -13,9 +13,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -67,11 +68,11 @@ def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None,
         *aggs, F.hll_union_agg("hll", True).alias("hll")))
 
 
-def _rows_in(path: Path) -> int | None:
-    """The rows of a spool folder's Parquet files, from their footers (None: unreadable)."""
+def _rows_in(files: Iterable[Path]) -> int | None:
+    """The rows of Parquet files, from their footers (None: one is unreadable)."""
     import pyarrow.parquet as pq
     try:
-        return sum(pq.ParquetFile(f).metadata.num_rows for f in path.glob("*.parquet"))
+        return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
     except (OSError, ValueError):
         return None
 
@@ -163,7 +164,8 @@ class SparkJob:
                 if self.stopping:
                     raise BatchAbandoned("the daemon is stopping")
                 self._answer(batch_df, stream, folder,
-                             f"{self._run_id(stream, folder)}-{batch_id:08d}")
+                             f"{self._run_id(stream, folder)}-{batch_id:08d}",
+                             at_most=self._released_at_most(stream, folder, batch_df))
             except Exception as e:
                 # the batch fails, uncommitted: Spark runs it again (after a restart of its
                 # query, or at the next start). What reaches the JVM is short (its handling
@@ -177,6 +179,24 @@ class SparkJob:
             self.batch_errors.pop((stream, folder), None)
             self.metrics.spark_batches.labels(stream, folder).inc()
         return write_batch
+
+    def _released_at_most(self, stream: str, folder: str, batch_df: DataFrame) -> int | None:
+        """At most how many merged rows a streaming batch releases: the rows the merge's state
+        held after the previous batch and those of the spool files this batch reads (their
+        footers); None when either is unknown (the first batch after a start, the Arrow
+        spool). It spares the Python engine's count of a batch's rows per query when no
+        query can have enough to spread."""
+        sq = self.queries.get((stream, folder))
+        progress = sq.lastProgress if sq is not None else None
+        if not progress or self.spool_format != "parquet":
+            return None
+        try:
+            files = [Path(unquote(urlparse(f).path)) for f in batch_df._jdf.inputFiles()]
+        except Exception:  # noqa: BLE001 - a plan without files: unknown
+            return None
+        held = sum(op.get("numRowsTotal", 0) for op in progress.get("stateOperators", []))
+        read = _rows_in(files)
+        return None if read is None else held + read
 
     def _batch_failed(self, key: tuple[str, str], batch_id: int, e: BaseException) -> str:
         """A batch's answer job raised: its exception in one line for the log, ``check()``
@@ -308,7 +328,7 @@ class SparkJob:
             rows = (self.spark.read.schema(spark_ddl(schema_for(stream, folder)))
                     .parquet(str(path)))
             self._answer(rows, stream, folder, "replay", streamed=False,
-                         at_most=_rows_in(path))
+                         at_most=_rows_in(path.glob("*.parquet")))
             self.timings["answers_s"] = self.timings.get("answers_s", 0.0) + \
                 time.perf_counter() - t0
             self.metrics.spark_batches.labels(stream, folder).inc()

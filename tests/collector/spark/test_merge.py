@@ -476,6 +476,49 @@ def test_a_batch_run_again_over_fewer_tasks_leaves_nothing_of_the_first(spark, t
     assert answers_of(pairs) == reference(recs)
 
 
+def test_a_streaming_batch_s_bound_holds_its_merged_rows(spark, tmp_path, monkeypatch):
+    """``SparkJob._released_at_most``: a streaming batch after the first is given a bound of
+    the merged rows it releases (the state's rows after the previous batch and its files'
+    rows), and the bound holds; the first batch after a start gets none (its state is
+    unknown)."""
+    import shutil
+
+    from collector.spark import merge as merge_module
+    path, _ = spread(tmp_path, "ok.pcap", 0.5)
+    plan, spool = spooled(tmp_path, path)
+    folder = spool.folder("packets", "60")
+    files = sorted(folder.glob("*.parquet"))
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for f in files[len(files) // 2:]:
+        shutil.move(f, aside / f.name)
+    slots = {qp.slot: qp.query for qp in plan.queries}
+    seen: list[tuple[int | None, int]] = []
+    answer = merge_module.SparkJob._answer
+
+    def recorded(self, rows, stream, folder_, job, streamed=True, at_most=None):
+        seen.append((at_most, rows.count()))
+        return answer(self, rows, stream, folder_, job, streamed, at_most)
+    monkeypatch.setattr(merge_module.SparkJob, "_answer", recorded)
+    job = SparkJob(spark, tmp_path / "spool", tmp_path / "results", tmp_path / "ck",
+                   lambda: slots, 1, Metrics(), trigger_s=0.5)
+    sq = job.start("packets", "60")
+    try:
+        deadline = time.monotonic() + 120
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for f in aside.iterdir():
+            shutil.move(f, folder / f.name)
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        job.stop()
+    assert sq is not None and len(seen) >= 2, seen
+    assert seen[0][0] is None
+    assert all(bound is not None and bound >= n for bound, n in seen[1:]), seen
+    assert any(n for _, n in seen[1:]), seen
+
+
 def test_each_answer_goes_to_the_task_chosen_for_it(spark):
     """``derive.placed``: the rows of each ``g`` land in the partition chosen for it, as
     Spark's own hash partitioning (``pmod(hash(g), n)``) reads the value given; plain
