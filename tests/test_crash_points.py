@@ -134,7 +134,10 @@ alerts:
                 except subprocess.TimeoutExpired:
                     raise AssertionError(f"{step} was never reached") from None
                 assert proc.returncode == -9, (step, proc.returncode)
-            assert (hits / f"{point}.hits").stat().st_size == n, step  # died at that hit
+            # died at that hit: the n-th hit crashes; answer tasks running at once (a
+            # folder's queries on tasks of their own) may each hit the point before the kill
+            # lands, so a count past n is another task's hit, never an earlier crash
+            assert (hits / f"{point}.hits").stat().st_size >= n, step
             check(results, tmp_path / "traffic.pcap")
         # a daemon with nothing armed: two whole windows after it is ready, then the end
         proc = start_daemon(cfg, log)
