@@ -522,7 +522,7 @@ def _summed(written: list, root: str, part: str) -> list[dict]:
     again (it spread a query over fewer) removed."""
     from pathlib import Path
 
-    from collector.spark.write import part_of
+    from collector.spark.write import drop_others
     out: dict[str, dict] = {}
     files: dict[str, set[str]] = {}
     for r in written:
@@ -532,10 +532,7 @@ def _summed(written: list, root: str, part: str) -> list[dict]:
         q["starts"].update(r["starts"])
         files.setdefault(r[QUERY], set()).add(r["part"])
     for name, kept in files.items():
-        for old in (Path(root) / f"{QUERY}={name}").glob(f"{part.removesuffix('.parquet')}.*"):
-            if old.name.endswith(".parquet") and part_of(old.name) == part and \
-                    old.name not in kept:
-                old.unlink(missing_ok=True)
+        drop_others(Path(root) / f"{QUERY}={name}", part, kept)
     return [{**{k: v for k, v in q.items() if k != "starts"}, "windows": len(q["starts"])}
             for q in out.values()]
 
@@ -604,7 +601,7 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
         selection_frame,
         slot_rows,
     )
-    from collector.spark.write import promote, stage_dir
+    from collector.spark.write import file_rows, promote, stage_dir
     if reuse:
         rows = rows.persist()
     try:
@@ -700,17 +697,11 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
             windows = int(m.get("windows") or 0)
         else:
             starts = [r[1] for r in m.get("windows") or () if r[0] == slot]
-            newest, rows_, windows = max(starts, default=None), _rows_of(parts.get(name, [])), \
+            newest, rows_, windows = max(starts, default=None), file_rows(parts.get(name, [])), \
                 len(starts)
         written.append({QUERY: name, "rows": rows_, "windows": windows,
                         "newest": int(newest.timestamp()) if newest is not None else 0})
     return written
-
-
-def _rows_of(files: list) -> int:
-    """The rows of an answer's files, from their footers."""
-    import pyarrow.parquet as pq
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
 
 
 _PASSES: dict[tuple, tuple] = {}  # compile.shared_pass's recent results (a daemon's triggers)

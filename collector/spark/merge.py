@@ -29,7 +29,7 @@ from collector.spark import sqltext as S
 from collector.spark.compile import rollup
 from collector.spark.derive import Folder, answers, compiled, compiled_answers
 from collector.spark.session import one_line
-from collector.spark.write import clear_leftovers, sweep_results
+from collector.spark.write import clear_leftovers, file_rows, sweep_results
 from planner.ir import Query
 
 log = logging.getLogger("flowsieve.spark")
@@ -69,10 +69,9 @@ def merge_partials(df: DataFrame, stream: str, watermark_delay_s: int | None,
 
 
 def _rows_in(files: Iterable[Path]) -> int | None:
-    """The rows of Parquet files, from their footers (None: one is unreadable)."""
-    import pyarrow.parquet as pq
+    """The rows of spool files, from their footers (None: one is unreadable)."""
     try:
-        return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+        return file_rows(files)
     except (OSError, ValueError):
         return None
 

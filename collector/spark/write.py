@@ -107,13 +107,23 @@ def promote(root: str | os.PathLike, job: str, name: str) -> dict[str, list[Path
             sync_dir(dest_dir)
             reached("results.rename")
             done.append(dest)
-        stem = name.removesuffix(".parquet")
-        for old in dest_dir.glob(f"{stem}.*.parquet"):  # an earlier run spread wider
-            if old not in done:
-                old.unlink(missing_ok=True)
+        drop_others(dest_dir, name, {p.name for p in done})
         out[qdir.name.partition("=")[2]] = done
     shutil.rmtree(stage, ignore_errors=True)
     return out
+
+
+def drop_others(query_dir: Path, name: str, kept: set[str]) -> None:
+    """The further files of part ``name`` that an earlier run of its job wrote (it spread the
+    query wider) and this one did not: removed."""
+    for old in query_dir.glob(f"{name.removesuffix('.parquet')}.*.parquet"):
+        if old.name not in kept:
+            old.unlink(missing_ok=True)
+
+
+def file_rows(files) -> int:
+    """The rows of Parquet files, from their footers."""
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
 
 
 def spread_name(name: str, i: int) -> str:
