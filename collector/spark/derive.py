@@ -433,10 +433,11 @@ def answers(rows: DataFrame, folder: Folder, root: str, job: str, partitions: in
     """The job that answers a folder's partial rows (or a selection folder's tuples) and
     writes the answers under ``root``, each query's as its part ``part_name(job)``; what it
     wrote, a row per query (its windows, its newest window's start, rows). ``partitions``:
-    the answer tasks (a query's rows go to one of them). A query without ORDER BY, LIMIT or
-    a join whose merged rows outnumber ``task_rows`` (default ``ANSWER_TASK_ROWS``; counted
-    from the batch's query-bit patterns, one small job) is spread over as many tasks by the
-    hash of its keys, a file each (``write.spread_name``), as Spark's engine spreads it.
+    the answer tasks (a query's rows go to one of them). In a folder of fewer answers than
+    Spark's cores, a query without ORDER BY, LIMIT or a join whose merged rows outnumber
+    ``task_rows`` (default ``ANSWER_TASK_ROWS``; counted from the batch's query-bit
+    patterns, one small job) is spread over as many tasks (at most the cores) by the hash of
+    its keys, a file each (``write.spread_name``), as Spark's engine spreads it.
     ``reuse``: ``rows`` are a streaming batch's merge, kept for the two jobs that read them;
     ``layouts``: node layouts the rows may hold (the plan's); ``at_most``: how many rows
     ``rows`` has at most, when known (no count is needed when no query can outnumber
@@ -447,9 +448,15 @@ def answers(rows: DataFrame, folder: Folder, root: str, job: str, partitions: in
         cols = [f.name for f in fields(folder.stream).values()] + ["qmask"]
         return _summed(rows.select(*cols).mapInArrow(
             partial(_select_task, folder, root, part), ddl(WRITTEN)).collect(), root, part)
+    # no more tasks than Spark runs at once: a task's rows are numpy's, not held in the JVM,
+    # and a reader merges the files of a window (8 tasks on 2 cores: 3.6 s more to read 4M
+    # rows back, for 4 s less answering); a folder with as many answers as that already
+    # fills them, and is spared the job that counts its rows per query (the 11 telemetry
+    # applications in a fresh JVM: 9.35 s answering with it, 8.1 s without)
+    most = rows.sparkSession.sparkContext.defaultParallelism
     spreadable = {i: q for i, q in enumerate(folder.answers)
                   if q.join is None and not q.order and q.limit is None} \
-        if at_most is None or at_most > per_task else {}
+        if len(folder.answers) < most and (at_most is None or at_most > per_task) else {}
     if reuse and spreadable:
         rows = rows.persist()
     try:
@@ -459,10 +466,6 @@ def answers(rows: DataFrame, folder: Folder, root: str, job: str, partitions: in
             slot = {q.name: s for s, q in folder.slots}
             counts = slot_rows(held_patterns(rows, folder, layouts),
                                [slot[q.name] for q in spreadable.values()])
-            # no more tasks than Spark runs at once: a task's rows are numpy's, not held in
-            # the JVM, and a reader merges the files of a window (8 tasks on 2 cores: 3.6 s
-            # more to read 4M rows back, for 4 s less answering)
-            most = rows.sparkSession.sparkContext.defaultParallelism
             spread = {i: min(-(-counts[slot[q.name]] // per_task), most)
                       for i, q in spreadable.items() if counts[slot[q.name]] > per_task}
             spread = {i: n for i, n in spread.items() if n > 1}

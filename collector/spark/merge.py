@@ -28,7 +28,7 @@ from collector.pipeline.spool import schema_for, spark_ddl
 from collector.spark import sqltext as S
 from collector.spark.compile import rollup
 from collector.spark.derive import Folder, answers, compiled, compiled_answers
-from collector.spark.session import one_line
+from collector.spark.session import one_line, quiet_jvm
 from collector.spark.write import clear_leftovers, file_rows, sweep_results
 from planner.ir import Query
 
@@ -451,8 +451,7 @@ class SparkJob:
                      "at the next start", ", ".join(str(sq.name) for sq in busy))
             # a cancelled job's writer logs its abort with a stack trace: not news, the line
             # above says it (the JVM stops after this)
-            with contextlib.suppress(Exception):
-                self.spark.sparkContext.setLogLevel("OFF")
+            quiet_jvm(self.spark.sparkContext)
             until = time.monotonic() + abandon_s
             while time.monotonic() < until and any(self._in_batch(sq) for sq in busy):
                 with contextlib.suppress(Exception):

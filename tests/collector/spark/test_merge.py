@@ -38,10 +38,12 @@ def wait_for(cond, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def spooled(tmp_path, path, fmt: str = "parquet", extra: str = ""):
-    """ok.pcap's example queries (and ``extra`` ones) through one engine into a spool; the
-    plan."""
-    queries = parse_queries(open(data_file("example.sql")).read() + extra)
+def spooled(tmp_path, path, fmt: str = "parquet", extra: str = "",
+            only: set[str] | None = None):
+    """ok.pcap's example queries (and ``extra`` ones; ``only`` those named) through one
+    engine into a spool; the plan."""
+    queries = [q for q in parse_queries(open(data_file("example.sql")).read() + extra)
+               if only is None or q.name in only]
     plan = build_plan(queries, **Settings(initial_queries=None).plan_options())
     spool = Spool(tmp_path / "spool", format=fmt)
     engine = Engine(spool, "packets", watermark_delay_s=1)
@@ -450,13 +452,14 @@ def test_rows_that_come_after_their_window_closed_are_counted(spark, tmp_path):
 def test_a_batch_run_again_over_fewer_tasks_leaves_nothing_of_the_first(spark, tmp_path,
                                                                         engine):
     """Either engine spreads a query's answer over tasks (a part file each) when its rows
-    outnumber ``answer_task_rows``. The same batch run again spread less (another setting)
+    outnumber ``answer_task_rows`` (the Python engine in a folder of fewer answers than
+    Spark's cores: one here). The same batch run again spread less (another setting)
     replaces the whole part: the first run's further files go, and the answers still equal
     dpkt's, no row twice."""
     from collector.daemon.results import part_files
     from collector.spark.merge import merge_partials
     path, recs = spread(tmp_path, "ok.pcap", 0.5)
-    plan, spool = spooled(tmp_path, path)
+    plan, spool = spooled(tmp_path, path, only={"udp_bw"})
     slots = {qp.slot: qp.query for qp in plan.queries}
     results = tmp_path / "results"
     job = SparkJob(spark, tmp_path / "spool", results, tmp_path / "ck", lambda: slots, 1,
@@ -473,6 +476,34 @@ def test_a_batch_run_again_over_fewer_tasks_leaves_nothing_of_the_first(spark, t
             for qp in plan.queries} == {n: min(k, 1) for n, k in files.items()}
     pairs = [(qp.query, read_results(results, qp.query)) for qp in plan.queries]
     assert all(t.equals(first[q.name]) for q, t in pairs)  # the same rows, the same order
+    assert answers_of(pairs) == {"udp_bw": reference(recs)["udp_bw"]}
+
+
+def test_the_python_engine_leaves_a_folder_that_fills_the_cores_unspread(spark, tmp_path,
+                                                                          monkeypatch):
+    """Three answers in a folder on Spark's two cores: the Python engine gives each its own
+    task, one file, however many rows it has (``answer_task_rows`` 3), and counts none;
+    the answers equal dpkt's."""
+    from collector.daemon.results import part_files
+    from collector.spark import compile as compile_module
+    from collector.spark.merge import merge_partials
+    path, recs = spread(tmp_path, "ok.pcap", 0.5)
+    plan, spool = spooled(tmp_path, path)
+    assert len(plan.queries) > spark.sparkContext.defaultParallelism
+    slots = {qp.slot: qp.query for qp in plan.queries}
+    results = tmp_path / "results"
+    job = SparkJob(spark, tmp_path / "spool", results, tmp_path / "ck", lambda: slots, 1,
+                   Metrics(), answer_engine="python", answer_task_rows=3)
+    merged = merge_partials(spark.read.parquet(str(spool.folder("packets", "60"))), "packets",
+                            None)
+    counted = []
+    slot_rows = compile_module.slot_rows
+    monkeypatch.setattr(compile_module, "slot_rows", lambda *a: counted.append(a) or slot_rows(*a))
+    job._answer(merged, "packets", "60", "run-00000001")
+    assert not counted
+    assert {qp.query.name: len(part_files(results, qp.query.name)) for qp in plan.queries} \
+        == {qp.query.name: 1 for qp in plan.queries}
+    pairs = [(qp.query, read_results(results, qp.query)) for qp in plan.queries]
     assert answers_of(pairs) == reference(recs)
 
 
