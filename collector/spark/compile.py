@@ -91,8 +91,11 @@ def decoded(stream: str, label: str, key: Expr) -> dict[str, list[Expr]]:
         # a flag word: its bytes compared, not converted (conv() is most of a word's read)
         present = S.substring(key, 8 * at + 1, 8) != S.lit(bytearray(8))
         if kind == IP:
-            out[name] = [S.when(present, _word(key, at + 1)),
-                         S.when(present, _word(key, at + 2))]
+            # an IPv4 (-mapped) address's high half is zero: its bytes compared, not converted
+            # (half the conversions of a row of two IPv4 addresses)
+            zero = S.substring(key, 8 * (at + 1) + 1, 8) == S.lit(bytearray(8))
+            hi = S.when(zero, S.lit(0).cast("bigint")).otherwise(_word(key, at + 1))
+            out[name] = [S.when(present, hi), S.when(present, _word(key, at + 2))]
         elif kind == STRING:
             tail = S.substring(key, 8 * layout.words + 1, 1 << 30).cast("string")
             out[name] = [S.when(present, tail)]
