@@ -674,7 +674,7 @@ def cmd_replay(args) -> int:
                 s.master, s.driver_memory, s.shuffle_partitions, s.state_store == "rocksdb",
                 s.extra, "flowsieve-replay", jvm_log=jvm_log,
                 class_archive=class_archive_path(cache_dir()) if s.class_archive else None,
-                quick_start=size is not None and size < QUICK_START_BYTES))
+                quick_start=size is not None and size < QUICK_START_BYTES, one_shot=True))
         except Exception as e:  # noqa: BLE001 - the JVM did not start: say why in one line
             starting.set_exception(CliError(f"Spark did not start: {failure_reason(e) or e} "
                                             f"(its log: {jvm_log})"))

@@ -41,7 +41,10 @@ AUTO_WORKERS = 4
 MIN_RANGE_BYTES = 64 << 20  # ... each reading at least this much of the file
 # a capture this large takes longer to read than Spark's first (warm-up) job: it runs while the
 # capture is read; a smaller one's answer job warms up itself (the 851-packet sample: 6.5
-# against 7.1 s with a warm-up it had to wait for)
+# against 7.1 s with a warm-up it had to wait for). A JVM that is up only once the capture is
+# read skips it: the answer job then waited for it (the 3M-packet CSV bench, whose JVM starts
+# alongside the reading: 23.1 against 25.5 s whole command with the Python engine, 30 against
+# 33.5 s with Spark's)
 WARM_UP_BYTES = 64 << 20
 
 class ReplayResult:
@@ -207,15 +210,18 @@ def _read_in_parallel(capture, ranges: list[tuple[int, int]], plan: Plan, settin
     return DecodeError(errors[0].pop("reason"), **errors[0]) if errors else None
 
 
-def _warm_up(spark, answer_engine: str) -> threading.Thread:
+def _warm_up(spark, answer_engine: str, read: threading.Event) -> threading.Thread:
     """Spark's first answer job of ``answer_engine`` warms up (class loading, code generation,
     the Python engine's workers' imports) on the second core while ``replay`` measures, plans
-    and reads the capture; a failure here is left to the real job to report."""
+    and reads the capture, unless the capture is ``read`` by the time the JVM is up; a failure
+    here is left to the real job to report."""
     from collector.spark.merge import warm_up
 
     def run() -> None:
         try:
-            warm_up(spark.result() if isinstance(spark, Future) else spark, answer_engine)
+            session = spark.result() if isinstance(spark, Future) else spark
+            if not read.is_set():
+                warm_up(session, answer_engine)
         except Exception:  # noqa: BLE001, S110 - the real job reports Spark's failures
             pass
     t = threading.Thread(target=run, name="spark-warm-up", daemon=True)
@@ -263,7 +269,8 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
     plan = build_plan(queries, **replay_plan_options(settings))
     # Spark's first job warms up from here on, on the core that measuring and planning leave
     # idle, when reading the capture takes long enough to hide it
-    warming = _warm_up(spark, settings.spark.answer_engine) \
+    captured = threading.Event()
+    warming = _warm_up(spark, settings.spark.answer_engine, captured) \
         if settings.spool.format == "parquet" and os.path.getsize(capture) >= WARM_UP_BYTES \
         else None
     if settings.planner.measure_tuples:
@@ -296,6 +303,7 @@ def replay(capture: str | os.PathLike, queries: list[Query], workdir: str | os.P
             error = e
             metrics.decode_errors.labels("replay", e.kind or "input").inc()
         engine.finish()
+    captured.set()
     folders = [(s, f) for s in plan.streams() for f in plan.folders(s)]
     report("Spark: answering", None)
     t0 = time.perf_counter()

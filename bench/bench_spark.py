@@ -112,7 +112,7 @@ class TreeRss:
 
 def start_spark(app_name: str, capture: Path):
     """Spark as ``flowsieve replay`` starts it for ``capture`` (default settings; C1 only for a
-    small capture), timed: (session, JVM start s)."""
+    small capture, fewer compiles for a larger one), timed: (session, JVM start s)."""
     from collector.config import Settings, cache_dir
     from collector.spark.session import QUICK_START_BYTES, build_session, class_archive_path
     s = Settings(initial_queries=None).spark
@@ -120,7 +120,8 @@ def start_spark(app_name: str, capture: Path):
     spark = build_session(s.master, s.driver_memory, s.shuffle_partitions,
                           s.state_store == "rocksdb", app_name=app_name,
                           class_archive=class_archive_path(cache_dir()),
-                          quick_start=capture.stat().st_size < QUICK_START_BYTES)
+                          quick_start=capture.stat().st_size < QUICK_START_BYTES,
+                          one_shot=True)
     return spark, time.perf_counter() - t0
 
 

@@ -23,21 +23,32 @@ ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvi
 # against 12.2 s); a larger one's answer job runs on C2's code (the 3M-packet CSV bench's
 # answer job: 5.6 against 8.7 s, warm)
 QUICK_START_BYTES = 64 << 20
+# a JVM that runs one command's jobs and exits (``replay``) compiles a method once it is three
+# times as hot as HotSpot's default: its JIT threads spent 32 s of CPU (20,000 methods:
+# Spark's planner, Janino, ANTLR, Java serialization) in the 28 s of a 2-core JVM answering the
+# 3M-packet CSV bench, most of it on code that runs a few times; the whole command took 28-29
+# against 29-31 s with Spark's engine, 21-23 against 23 s with the Python engine (C1 alone:
+# 43.6 against 32.5 s with Spark's engine)
+ONE_SHOT_COMPILE_SCALING = 3
 ARROW_BATCH_ROWS = 65536  # rows per Arrow batch to and from Spark's Python workers
 
 
 def jvm_options(class_archive: str | os.PathLike | None, quick_start: bool,
-                dump: str | os.PathLike | None = None) -> list[str]:
+                dump: str | os.PathLike | None = None, one_shot: bool = False) -> list[str]:
     """JVM start-up options. A class-data archive (AppCDS) maps the classes Spark loads
     instead of parsing them from its jars: a JVM that finds ``class_archive`` starts about 2 s
     sooner and runs its first job about 1.4 s sooner (bench/README.md). No JVM of the daemon
     or of ``replay`` writes one: ``flowsieve prepare`` does, at install (``dump``: this JVM
     writes its classes there when it exits, however long that takes). Writing one at exit
     took a stop past its deadline (about 190 MB, killed half-written at 20 s). A stale or
-    foreign archive is ignored by the JVM (``-Xshare:auto``)."""
+    foreign archive is ignored by the JVM (``-Xshare:auto``). ``quick_start``: C1 only;
+    ``one_shot``: a JVM of one command compiles only its hottest methods
+    (``ONE_SHOT_COMPILE_SCALING``)."""
     opts = []
     if quick_start:
         opts += ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+    elif one_shot:
+        opts.append(f"-XX:CompileThresholdScaling={ONE_SHOT_COMPILE_SCALING}")
     if class_archive is not None or dump is not None:
         opts.append("-Xlog:cds=off,cds+dynamic=off")
     if dump is not None:
@@ -153,13 +164,14 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
                   rocksdb: bool = True, extra: dict[str, str] | None = None,
                   app_name: str = "flowsieve", jvm_log: str | os.PathLike | None = None,
                   class_archive: str | os.PathLike | None = None, quick_start: bool = False,
-                  class_dump: str | os.PathLike | None = None) -> SparkSession:
+                  class_dump: str | os.PathLike | None = None, one_shot: bool = False
+                  ) -> SparkSession:
     """A Spark session configured for flowsieve (workers run this interpreter). With
     ``jvm_log`` the JVM's own output (its stack traces, log4j's console) goes to that file
     instead of this process's terminal: commands report Spark's failures in one line.
     ``class_archive`` is a class-data archive of the JVM, ``class_dump`` where this JVM writes
-    one when it exits (``jvm_options``); ``quick_start`` trades peak JIT speed for start-up (a
-    command that runs once, such as ``replay``)."""
+    one when it exits (``jvm_options``); ``quick_start`` trades peak JIT speed for start-up,
+    and ``one_shot`` compiles less (a command that runs once, such as ``replay``)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     local = master.startswith("local")
@@ -187,7 +199,7 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
          .config("spark.python.daemon.module", "collector.spark.worker")
          .config("spark.driver.extraJavaOptions", " ".join(
              [f"-Dlog4j2.configurationFile=file:{log4j}",
-              *jvm_options(class_archive, quick_start, class_dump)])))
+              *jvm_options(class_archive, quick_start, class_dump, one_shot)])))
     if local:  # a cluster's executors reach the driver at spark.driver.host (spark.extra)
         b = b.config("spark.driver.bindAddress", "127.0.0.1")
     if rocksdb:

@@ -517,6 +517,27 @@ GROUP BY time/10, dst_ip
     assert want and {(r["t"], r["host"]): (r["mean"], r["d"]) for r in got["asym"]} == want
 
 
+def test_the_warm_up_runs_only_while_the_capture_is_being_read(monkeypatch):
+    """Spark's warm-up job runs on a JVM that is up while ``replay`` reads; a JVM up only once
+    the capture is read skips it (the answer job would wait for it)."""
+    import threading
+    from concurrent.futures import Future
+
+    import collector.spark.merge as merge
+    from api.replay import _warm_up
+    ran = []
+    monkeypatch.setattr(merge, "warm_up", lambda spark, engine: ran.append((spark, engine)))
+    for read_first in (False, True):
+        starting, captured = Future(), threading.Event()
+        t = _warm_up(starting, "sql", captured)
+        if read_first:
+            captured.set()
+        starting.set_result(f"session {read_first}")
+        t.join(10)
+        assert not t.is_alive()
+    assert ran == [("session False", "sql")]
+
+
 def test_the_startup_heap_is_frozen_once_per_process():
     """``freeze_startup_heap`` (replay's and the daemon's start) takes the process's objects
     out of the full collections once; a later call leaves the objects made since (one

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import subprocess
 import time
 
 import pyarrow.parquet as pq
@@ -361,6 +362,21 @@ def test_a_jvm_uses_the_archive_prepare_made_and_never_writes_one(tmp_path):
     assert f"-XX:ArchiveClassesAtExit={dump}" in opts
     assert not any("SharedArchiveFile" in o for o in opts)
     assert jvm_options(None, quick_start=False) == []
+
+
+def test_a_one_shot_jvm_compiles_less_and_java_accepts_the_option():
+    """``replay``'s JVM (one command, then it exits) raises HotSpot's compile thresholds; C1
+    alone (a small capture) takes precedence; and this machine's java starts with the option
+    (a flag it rejected would keep every replay's JVM from starting)."""
+    from collector.spark.session import ONE_SHOT_COMPILE_SCALING, jvm_options
+    opts = jvm_options(None, quick_start=False, one_shot=True)
+    assert opts == [f"-XX:CompileThresholdScaling={ONE_SHOT_COMPILE_SCALING}"]
+    assert not any("CompileThresholdScaling" in o
+                   for o in jvm_options(None, quick_start=True, one_shot=True))
+    out = subprocess.run(["java", *opts, "-XX:+PrintFlagsFinal", "-version"],
+                         capture_output=True, text=True, check=True).stdout
+    line = next(x for x in out.splitlines() if " CompileThresholdScaling " in x)
+    assert float(line.split("=")[1].split()[0]) == ONE_SHOT_COMPILE_SCALING
 
 
 def test_other_installations_class_files_are_removed_once_stale(tmp_path):
