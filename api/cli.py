@@ -625,8 +625,6 @@ def cmd_decode(args) -> int:
 def cmd_replay(args) -> int:
     from concurrent.futures import Future
 
-    from api.formats import write_answers
-    from api.replay import replay
     from collector.config import cache_dir
     from collector.spark.session import (
         QUICK_START_BYTES,
@@ -679,6 +677,9 @@ def cmd_replay(args) -> int:
             starting.set_exception(CliError(f"Spark did not start: {failure_reason(e) or e} "
                                             f"(its log: {jvm_log})"))
     threading.Thread(target=start, name="spark-start", daemon=True).start()
+    # the pipeline's modules (half a second) load while the JVM starts
+    from api.formats import write_answers
+    from api.replay import replay
     try:
         try:
             res = replay(args.capture, queries, work, starting, settings=settings,

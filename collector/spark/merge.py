@@ -28,7 +28,7 @@ from collector.pipeline.spool import schema_for, spark_ddl
 from collector.spark import sqltext as S
 from collector.spark.compile import rollup
 from collector.spark.derive import Folder, answers, compiled, compiled_answers
-from collector.spark.session import one_line, quiet_jvm
+from collector.spark.session import one_line, quiet_jvm, register_spool_source
 from collector.spark.write import clear_leftovers, file_rows, sweep_results
 from planner.ir import Query
 
@@ -232,6 +232,7 @@ class SparkJob:
             df = (self.spark.readStream.schema(spark_ddl(schema_for(stream, folder)))
                   .option("cleanSource", "delete").parquet(str(path)))
         else:
+            register_spool_source(self.spark)
             df = (self.spark.readStream.format("flowsieve_spool").option("path", str(path))
                   .option("stream", stream).option("folder", folder).load())
         if folder == "select":

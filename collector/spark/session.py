@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -216,8 +217,22 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
         SparkContext._jvm = SparkContext._gateway.jvm
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(SpoolDataSource)
     return spark
+
+
+_REGISTERED: set[str] = set()  # the Spark applications that know the Arrow spool's source
+_REGISTERED_LOCK = threading.Lock()
+
+
+def register_spool_source(spark: SparkSession) -> None:
+    """Make ``format("flowsieve_spool")`` (the Arrow IPC spool's Python data source) known to
+    ``spark``, once per application: registering it takes about 1.1 s (its class pickled and
+    handed to the JVM), which a session that reads the default Parquet spool never pays."""
+    app = spark.sparkContext.applicationId
+    with _REGISTERED_LOCK:
+        if app not in _REGISTERED:
+            spark.dataSource.register(SpoolDataSource)
+            _REGISTERED.add(app)
 
 
 OOM_EXIT = 52  # Spark's exit code for a JVM that died of an OutOfMemoryError (SparkExitCode)
