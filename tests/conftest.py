@@ -38,7 +38,9 @@ def spark(tmp_path_factory):
     from collector.spark.session import build_session
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
     session = build_session("local[2]", driver_memory="1g", shuffle_partitions=2,
-                            extra={"spark.sql.warehouse.dir": str(warehouse)},
+                            extra={"spark.sql.warehouse.dir": str(warehouse),
+                                   # a user's JVM option (test_session's)
+                                   "spark.driver.extraJavaOptions": "-Dflowsieve.test=1"},
                             app_name="flowsieve-tests")
     yield session
     session.stop()

@@ -32,6 +32,16 @@ QUICK_START_BYTES = 64 << 20
 # 43.6 against 32.5 s with Spark's engine)
 ONE_SHOT_COMPILE_SCALING = 3
 ARROW_BATCH_ROWS = 65536  # rows per Arrow batch to and from Spark's Python workers
+# HotSpot compiles methods of any size, on the driver and on executors: Spark generates a
+# whole stage's code in one method of up to ``spark.sql.codegen.hugeMethodLimit`` (65,535
+# bytes of bytecode), and HotSpot's own limit (8,000, DontCompileHugeMethods) left such a
+# method interpreted, 2x slower than no whole-stage code at all (the Spark SQL answers of 50
+# queries; a limit of 8,000 in Spark fell back to that instead). Compiled, the CSV bench's
+# answers took 17.5-18.3 s against 20.2-20.7 s in a fresh JVM, 10.5-10.7 against 11.8-12.9 s
+# warm
+COMPILE_HUGE_METHODS = "-XX:-DontCompileHugeMethods"
+DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
+EXECUTOR_OPTIONS = "spark.executor.extraJavaOptions"
 
 
 def jvm_options(class_archive: str | os.PathLike | None, quick_start: bool,
@@ -172,7 +182,8 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
     instead of this process's terminal: commands report Spark's failures in one line.
     ``class_archive`` is a class-data archive of the JVM, ``class_dump`` where this JVM writes
     one when it exits (``jvm_options``); ``quick_start`` trades peak JIT speed for start-up,
-    and ``one_shot`` compiles less (a command that runs once, such as ``replay``)."""
+    and ``one_shot`` compiles less (a command that runs once, such as ``replay``). ``extra``:
+    more Spark settings (``spark.extra``); JVM options there come after flowsieve's."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     local = master.startswith("local")
@@ -187,26 +198,24 @@ def build_session(master: str = "local[*]", driver_memory: str = "2g", shuffle_p
          .config("spark.sql.session.timeZone", "UTC")
          .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
          .config("spark.sql.files.ignoreCorruptFiles", "true")
-         # HotSpot never compiles a method over 8,000 bytes of bytecode (DontCompileHugeMethods):
-         # a stage whose generated method is larger ran interpreted, 2x slower than without
-         # whole-stage code generation (the Spark SQL answers of 50 queries); Spark's default
-         # limit is 65,535
-         .config("spark.sql.codegen.hugeMethodLimit", "8000")
          # answers: timestamps as UTC instants (INT96 would read back as local times), the
          # Python stages fed large Arrow batches (fewer calls; a group is whole anyway)
          .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
          .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS))
          # Python workers forked with the answer tasks' modules imported (worker.py)
          .config("spark.python.daemon.module", "collector.spark.worker")
-         .config("spark.driver.extraJavaOptions", " ".join(
-             [f"-Dlog4j2.configurationFile=file:{log4j}",
-              *jvm_options(class_archive, quick_start, class_dump, one_shot)])))
+         .config(DRIVER_OPTIONS, " ".join(
+             [f"-Dlog4j2.configurationFile=file:{log4j}", COMPILE_HUGE_METHODS,
+              *jvm_options(class_archive, quick_start, class_dump, one_shot)]))
+         .config(EXECUTOR_OPTIONS, COMPILE_HUGE_METHODS))
     if local:  # a cluster's executors reach the driver at spark.driver.host (spark.extra)
         b = b.config("spark.driver.bindAddress", "127.0.0.1")
     if rocksdb:
         b = b.config("spark.sql.streaming.stateStore.providerClass", ROCKSDB).config(
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     for k, v in (extra or {}).items():
+        if k in (DRIVER_OPTIONS, EXECUTOR_OPTIONS):  # the user's options after ours
+            v = f"{b._options[k]} {v}"
         b = b.config(k, v)
     if jvm_log is not None and SparkContext._gateway is None:
         # the gateway pyspark would launch, with the JVM's stdout and stderr in the log file

@@ -379,6 +379,23 @@ def test_a_one_shot_jvm_compiles_less_and_java_accepts_the_option():
     assert float(line.split("=")[1].split()[0]) == ONE_SHOT_COMPILE_SCALING
 
 
+def test_hotspot_compiles_spark_s_huge_generated_methods_and_keeps_the_user_s_options(spark):
+    """The driver's JVM (and executors', by their options) compiles methods of any size: a
+    whole stage's generated method may reach Spark's 65,535 bytes, which HotSpot would
+    otherwise leave interpreted. A JVM option in ``spark.extra`` (the test session's) is added
+    after flowsieve's, not in their place."""
+    jvm = spark.sparkContext._jvm
+    bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+    assert bean.getVMOption("DontCompileHugeMethods").getValue() == "false"
+    args = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert args.index("-Dflowsieve.test=1") > args.index("-XX:-DontCompileHugeMethods")
+    assert any(a.startswith("-Dlog4j2.configurationFile=") for a in args)
+    conf = spark.sparkContext.getConf()
+    assert "-XX:-DontCompileHugeMethods" in conf.get("spark.executor.extraJavaOptions")
+    assert spark.conf.get("spark.sql.codegen.hugeMethodLimit") == "65535"
+
+
 def test_other_installations_class_files_are_removed_once_stale(tmp_path):
     """Each installation's archive is about 190 MB in a shared cache folder: another
     installation's archive unused for 30 days goes (a deleted virtual environment's), and so
