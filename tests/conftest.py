@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.helpers import BIG_WINDOW, STRICT, many_groups, need
+from tests.processes import TEST_JVM
 
 # CI draws the same examples on every run (a new failing example would fail an unrelated
 # submission) and times none of them (a busy machine gives the same verdict); a developer's
@@ -39,8 +40,11 @@ def spark(tmp_path_factory):
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
     session = build_session("local[2]", driver_memory="1g", shuffle_partitions=2,
                             extra={"spark.sql.warehouse.dir": str(warehouse),
-                                   # a user's JVM option (test_session's)
-                                   "spark.driver.extraJavaOptions": "-Dflowsieve.test=1"},
+                                   # a user's JVM option (test_merge's), and the test JVM's
+                                   # C1 alone (tests/processes.py; 99 against 139 CPU s of
+                                   # test_watermark.py and test_merge.py)
+                                   "spark.driver.extraJavaOptions":
+                                       f"-Dflowsieve.test=1 {TEST_JVM}"},
                             app_name="flowsieve-tests")
     yield session
     session.stop()

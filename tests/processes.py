@@ -50,9 +50,17 @@ def metric(text: str, name: str, labels: str = "") -> float:
     return 0.0
 
 
+# A test daemon's JVM (driver and local executors) compiles with C1 alone: it answers a few
+# thousand packets for a minute, and HotSpot's optimizing compiler (C2) spent a fifth of the
+# CPU of such a test compiling code that ran a few times (tests/test_kill.py and
+# tests/test_sflow_daemon.py: 232 against 291-312 CPU seconds). The daemon of a user keeps
+# HotSpot's defaults; CI's install lane runs it that way.
+TEST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def daemon_config(tmp_path, sources: list[str], queries: str | None) -> tuple[Path, int]:
-    """A test daemon's configuration (a small local Spark, 1 s trigger) with these source
-    lines (YAML flow mappings) and queries; its path and API port."""
+    """A test daemon's configuration (a small local Spark, 1 s trigger, ``TEST_JVM``) with
+    these source lines (YAML flow mappings) and queries; its path and API port."""
     port = free_port()
     initial = "null"
     if queries is not None:
@@ -62,7 +70,8 @@ def daemon_config(tmp_path, sources: list[str], queries: str | None) -> tuple[Pa
     cfg.write_text(f"""
 var_dir: {tmp_path / 'var'}
 api: {{host: 127.0.0.1, port: {port}}}
-spark: {{master: "local[2]", driver_memory: 1g, shuffle_partitions: 2, trigger_s: 1}}
+spark: {{master: "local[2]", driver_memory: 1g, shuffle_partitions: 2, trigger_s: 1,
+        extra: {{spark.driver.extraJavaOptions: "{TEST_JVM}"}}}}
 initial_queries: {initial}
 sources:
 """ + "".join(f"  - {line}\n" for line in sources))

@@ -31,7 +31,16 @@ from collector.config import Settings
 from planner.query import parse_single
 from tests.helpers import ROOT, need
 from tests.netns import namespace
-from tests.processes import PERIOD, Feeder, answers, free_port, metric, wait_for, whole_windows
+from tests.processes import (
+    PERIOD,
+    TEST_JVM,
+    Feeder,
+    answers,
+    free_port,
+    metric,
+    wait_for,
+    whole_windows,
+)
 from tests.reference import rows_of
 
 pytestmark = pytest.mark.slow
@@ -128,6 +137,7 @@ class Cluster:
     def up(self) -> None:
         """The master and two workers, registered."""
         host = self.host
+        self.env["SPARK_DAEMON_JAVA_OPTS"] = TEST_JVM  # the master's and workers' JVMs
         self.start("master", self.master_cmd, {
             "MASTER_HOST": host, "MASTER_PORT": str(self.master_port),
             "WEBUI_PORT": str(self.master_ui), "SPARK_LOCAL_IP": host})
@@ -150,10 +160,11 @@ class Cluster:
         return [w for w in state.get("workers", []) if w["state"] == "ALIVE"]
 
     def control_yaml(self, port: int, results, checkpoints, events, spool=None,
-                     driver_memory: str = "1g", engine: str = "python") -> str:
+                     driver_memory: str = "1g", engine: str = "python",
+                     jvm: str = TEST_JVM) -> str:
         """A control plane's configuration up to its queries and sources: this cluster, an
         executor on each worker, Spark's event log in ``events``, the answers computed by
-        ``engine`` (spark.answer_engine)."""
+        ``engine`` (spark.answer_engine), the driver's and executors' JVM options ``jvm``."""
         h = self.host
         spool_line = f"spool: {{path: {spool}}}\n" if spool is not None else ""
         return f"""
@@ -172,7 +183,8 @@ spark:
   extra: {{spark.driver.host: {h}, spark.driver.bindAddress: {h},
           spark.executor.memory: 512m, spark.executor.cores: "1", spark.cores.max: "2",
           spark.eventLog.enabled: "true", spark.eventLog.dir: "file://{events}",
-          spark.eventLog.compress: "false", spark.eventLog.rolling.enabled: "false"}}
+          spark.eventLog.compress: "false", spark.eventLog.rolling.enabled: "false",
+          spark.driver.extraJavaOptions: "{jvm}", spark.executor.extraJavaOptions: "{jvm}"}}
 """
 
     def last_words(self) -> None:
@@ -448,7 +460,8 @@ def test_a_window_of_four_million_groups_on_the_cluster(tmp_path, cluster, big_w
         "FROM packets GROUP BY time/60, src_ip, dst_ip, src_port;\n")
     port = free_port()
     (tmp_path / "control.yaml").write_text(cluster.control_yaml(
-        port, results, tmp_path / "checkpoints", events, driver_memory="512m") + f"""\
+        port, results, tmp_path / "checkpoints", events, driver_memory="512m",
+        jvm="") + f"""\
 initial_queries: {tmp_path / 'q.sql'}
 sources:
   - {{type: pcap, name: groups, path: {big_window}, loop: false, restamp: false}}

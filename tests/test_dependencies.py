@@ -118,10 +118,11 @@ def owners() -> dict[str, set[str]]:
     for m, dists in md.packages_distributions().items():
         out.setdefault(m, set()).update(canonical(d) for d in dists)
     for dist in md.distributions():
+        name = canonical(dist.metadata["Name"])  # parsed once, not once a file (30 s)
         for f in dist.files or ():
             top = f.parts[0].split(".")[0] if f.parts else ""
             if top and not f.parts[0].endswith((".dist-info", ".data", ".pth")):
-                out.setdefault(top, set()).add(canonical(dist.metadata["Name"]))
+                out.setdefault(top, set()).add(name)
     return out
 
 
