@@ -83,8 +83,10 @@ def pytest_collection_modifyitems(config, items):
 # the mark expressions of a run of every test but those a lane of their own runs: no
 # expression, or make test's (the long lane is make test-long's)
 WHOLE_RUN = ("", "not long")
-# the slow files that take longest (make test's --durations), longest first
-LONGEST = ("tests/test_kill.py", "tests/test_prepare.py", "tests/test_disk_full.py",
+# the slow files that take longest (make test's --durations), longest first; the long lane's
+# hot swap (5 min) before its cluster and crash chains: given last, it ran on alone for 100 s
+LONGEST = ("tests/test_hot_swap.py",
+           "tests/test_kill.py", "tests/test_prepare.py", "tests/test_disk_full.py",
            "tests/test_dependencies.py", "tests/test_cluster.py", "tests/test_alerts_daemon.py",
            "tests/collector/spark/test_answer_path.py", "tests/test_lanes.py",
            "tests/test_long_run.py", "tests/test_sflow_daemon.py")
