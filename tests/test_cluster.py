@@ -164,8 +164,11 @@ class Cluster:
                      jvm: str = TEST_JVM) -> str:
         """A control plane's configuration up to its queries and sources: this cluster, an
         executor on each worker, Spark's event log in ``events``, the answers computed by
-        ``engine`` (spark.answer_engine), the driver's and executors' JVM options ``jvm``."""
+        ``engine`` (spark.answer_engine), the driver's and executors' JVM options ``jvm``
+        (none: HotSpot's defaults)."""
         h = self.host
+        jvm_lines = (f",\n          spark.driver.extraJavaOptions: \"{jvm}\", "
+                     f"spark.executor.extraJavaOptions: \"{jvm}\"") if jvm else ""
         spool_line = f"spool: {{path: {spool}}}\n" if spool is not None else ""
         return f"""
 role: all
@@ -183,8 +186,7 @@ spark:
   extra: {{spark.driver.host: {h}, spark.driver.bindAddress: {h},
           spark.executor.memory: 512m, spark.executor.cores: "1", spark.cores.max: "2",
           spark.eventLog.enabled: "true", spark.eventLog.dir: "file://{events}",
-          spark.eventLog.compress: "false", spark.eventLog.rolling.enabled: "false",
-          spark.driver.extraJavaOptions: "{jvm}", spark.executor.extraJavaOptions: "{jvm}"}}
+          spark.eventLog.compress: "false", spark.eventLog.rolling.enabled: "false"{jvm_lines}}}
 """
 
     def last_words(self) -> None:
