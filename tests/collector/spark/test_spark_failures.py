@@ -16,7 +16,7 @@ import pytest
 
 from collector.spark.session import death_reason, failure_reason
 from tests.helpers import ROOT, many_groups
-from tests.processes import one_error_line
+from tests.processes import descendants, one_error_line
 
 pytestmark = pytest.mark.slow
 
@@ -83,11 +83,11 @@ def test_replay_whose_python_worker_is_killed(tmp_path):
     killed = set()
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:  # every worker, as it comes
-        daemons = subprocess.run(["pgrep", "-f", "--", "-m collector.spark.worker"],
-                                 capture_output=True, text=True).stdout.split()
+        # this replay's own workers only: tests running beside it have theirs
+        daemons = [p for p, cmd in descendants(proc.pid).items()
+                   if "-m collector.spark.worker" in cmd]
         for d in daemons:  # the workers it forked for tasks
-            kids = subprocess.run(["pgrep", "-P", d], capture_output=True, text=True)
-            for kid in map(int, kids.stdout.split()):
+            for kid in descendants(d):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(kid, signal.SIGKILL)
                     killed.add(kid)
