@@ -40,12 +40,16 @@ from planner.plan import Plan, build_plan
 AUTO_WORKERS = 4
 MIN_RANGE_BYTES = 64 << 20  # ... each reading at least this much of the file
 # a capture this large takes longer to read than Spark's first (warm-up) job: it runs while the
-# capture is read; a smaller one's answer job warms up itself (the 851-packet sample: 6.5
-# against 7.1 s with a warm-up it had to wait for). A JVM that is up only once the capture is
-# read skips it: the answer job then waited for it (the 3M-packet CSV bench, whose JVM starts
-# alongside the reading: 23.1 against 25.5 s whole command with the Python engine, 30 against
-# 33.5 s with Spark's)
-WARM_UP_BYTES = 64 << 20
+# capture is read; a smaller one's answer job warms up itself. A warm-up replay has to wait
+# for costs more than it saves: the warm-up's one-row job takes 6.5-7.5 s in a fresh JVM on
+# the core the reading leaves, and the answer job still compiles its own plan (the 851-packet
+# sample: 6.5 against 7.1 s with it; the backbone bench's 704 MB, read in about 3 s by a
+# session already up: 11.9-12.2 against 12.6-15.0 s with the Python engine, 18.0-19.5
+# against 21.1-23.3 s with Spark's). A JVM that is up only once the capture is read skips
+# it: the answer job then waited for it (the 3M-packet CSV bench, whose JVM starts alongside
+# the reading: 23.1 against 25.5 s whole command with the Python engine, 30 against 33.5 s
+# with Spark's)
+WARM_UP_BYTES = 2 << 30
 
 class ReplayResult:
     """What ``replay`` did: its plan, the queries' answers as Spark wrote them under

@@ -57,6 +57,49 @@ def _tails(off: np.ndarray, data: np.ndarray, width: int) -> pa.Array:
                                   pa.py_buffer(data[at].tobytes())])
 
 
+def pattern_counts(stream: str, rows: pa.Table | pa.RecordBatch) -> dict[tuple[str, bytes], int]:
+    """How many partial ``rows`` (``node``, ``key``) have each (node layout, query-bit
+    pattern): the pattern's bytes cut from each packed key by its row's layout (rows of no
+    layout, punctuation, are left out). A batch of one layout of fixed-width keys, as the
+    LFTA writes a node's rows, is counted as numpy words (filtering the binary keys per
+    layout cost 0.6 µs a row, 8 % of reading the backbone bench's capture)."""
+    out: dict[tuple[str, bytes], int] = {}
+
+    def add(label: str, patterns: np.ndarray, counts: np.ndarray) -> None:
+        for pat, n in zip(patterns, counts, strict=True):
+            key = (label, pat.astype("<u8").tobytes())
+            out[key] = out.get(key, 0) + int(n)
+
+    batches = rows.to_batches() if isinstance(rows, pa.Table) else [rows]
+    for batch in batches:
+        nodes, keys = batch.column("node"), batch.column("key")
+        named = pc.unique(nodes).to_pylist()
+        labels = [x for x in named if x]
+        if len(named) == 1 and labels and nodes.null_count == 0 and keys.null_count == 0:
+            lay = KeyLayout.parse(stream, labels[0])
+            off, data = binary_buffers(keys)
+            width, n = 8 * lay.words, len(keys)
+            if lay.string is None and off[-1] - off[0] == n * width:
+                words = data[off[0]:off[-1]].view(np.uint64).reshape(n, lay.words)
+                pats = words[:, lay.field_words:]
+                if lay.q_words == 1:  # a sort of integers, not of rows
+                    one, counts = np.unique(pats[:, 0], return_counts=True)
+                    pats = one[:, None]
+                else:
+                    pats, counts = np.unique(pats, axis=0, return_counts=True)
+                add(labels[0], pats, counts)
+                continue
+        for label in labels:
+            lay = KeyLayout.parse(stream, label)
+            mine = pc.filter(keys, pc.equal(nodes, label))
+            counted = pc.value_counts(pc.binary_slice(mine, 8 * lay.field_words,
+                                                      8 * lay.words))
+            for pat, n in zip(counted.field("values").to_pylist(),
+                              counted.field("counts").to_pylist(), strict=True):
+                out[(label, pat)] = out.get((label, pat), 0) + n
+    return out
+
+
 class KeyLayout:
     """The packing of one node's key (see the module docstring)."""
 

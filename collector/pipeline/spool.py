@@ -74,6 +74,42 @@ def spark_ddl(schema: pa.Schema) -> str:
     return ", ".join(f"`{f.name}` {t(f.type)}" for f in schema)
 
 
+# a Parquet spool file's footer key: its partial rows' counts per (node layout, query-bit
+# pattern), JSON ``[[node, pattern as hex, rows], ...]``: ``replay`` learns which queries the
+# spool's rows carry, and how many rows each has, from the footers, not from a Spark job
+PATTERNS_KEY = b"flowsieve.patterns"
+
+
+def with_patterns(stream: str, table: pa.Table) -> pa.Table:
+    """A table of partial rows with their (node, pattern) counts in its schema's metadata."""
+    import json
+
+    from collector.keys import pattern_counts
+    counts = pattern_counts(stream, table)
+    text = json.dumps([[n, p.hex(), c] for (n, p), c in sorted(counts.items())])
+    return table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                          PATTERNS_KEY: text.encode()})
+
+
+def footer_patterns(paths) -> dict[tuple[str, bytes], int] | None:
+    """The (node layout, query-bit pattern) counts of the partial rows in Parquet spool
+    files, summed from their footers (``with_patterns``); None when a file has none (written
+    by an older probe) or cannot be read."""
+    import json
+    out: dict[tuple[str, bytes], int] = {}
+    for path in paths:
+        try:
+            meta = pq.read_schema(path).metadata or {}
+        except (OSError, pa.ArrowException):
+            return None
+        if PATTERNS_KEY not in meta:
+            return None
+        for node, pat, n in json.loads(meta[PATTERNS_KEY]):
+            key = (node, bytes.fromhex(pat))
+            out[key] = out.get(key, 0) + n
+    return out
+
+
 def file_seq(path: Path) -> int:
     return int(path.name.split(".", 1)[0])
 
@@ -331,7 +367,7 @@ class Spool:
         final = path_dir / f"{seq:016d}.{self.probe}{SUFFIXES[self.format]}"
         tmp = path_dir / f".{self.probe}.{seq:016d}.tmp"  # hidden: no reader lists it
         try:
-            self._write_file(tmp, table)
+            self._write_file(tmp, table, stream, folder)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -357,8 +393,10 @@ class Spool:
         reached("spool.rename")
         return final
 
-    def _write_file(self, tmp: Path, table: pa.Table) -> None:
+    def _write_file(self, tmp: Path, table: pa.Table, stream: str, folder: str) -> None:
         if self.format == "parquet":
+            if folder != "select":
+                table = with_patterns(stream, table)
             pq.write_table(table, tmp, row_group_size=1 << 20, compression="lz4")
         else:
             with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:

@@ -28,6 +28,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property, partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +40,9 @@ from capture.fields import IP, SKETCH, TEXT_FIELDS, fields, key_field, measures
 from collector.spark.answers import spark_type
 from collector.spark.write import QUERY, PartWriter, spread_name
 from planner.ir import Query
+
+if TYPE_CHECKING:  # compile.py is the driver's: the Python engine's workers import this without it
+    from collector.spark.compile import Patterns
 
 TS_US = pa.timestamp("us", tz="UTC")
 # what an answer task returns: a row per file it wrote (the starts of its windows: a spread
@@ -429,7 +433,7 @@ def part_name(job: str) -> str:
 
 def answers(rows: DataFrame, folder: Folder, root: str, job: str, partitions: int,
             task_rows: int | None = None, layouts: Iterable[str] = (), reuse: bool = True,
-            at_most: int | None = None) -> list[dict]:
+            at_most: int | None = None, held: Patterns | None = None) -> list[dict]:
     """The job that answers a folder's partial rows (or a selection folder's tuples) and
     writes the answers under ``root``, each query's as its part ``part_name(job)``; what it
     wrote, a row per query (its windows, its newest window's start, rows). ``partitions``:
@@ -464,7 +468,7 @@ def answers(rows: DataFrame, folder: Folder, root: str, job: str, partitions: in
         if spreadable:
             from collector.spark.compile import slot_rows
             slot = {q.name: s for s, q in folder.slots}
-            counts = slot_rows(held_patterns(rows, folder, layouts),
+            counts = slot_rows(held_patterns(rows, folder, layouts, held),
                                [slot[q.name] for q in spreadable.values()])
             spread = {i: min(-(-counts[slot[q.name]] // per_task), most)
                       for i, q in spreadable.items() if counts[slot[q.name]] > per_task}
@@ -540,11 +544,15 @@ def _summed(written: list, root: str, part: str) -> list[dict]:
             for q in out.values()]
 
 
-def held_patterns(rows: DataFrame, folder: Folder, layouts: Iterable[str] = ()):
+def held_patterns(rows: DataFrame, folder: Folder, layouts: Iterable[str] = (),
+                  known: Patterns | None = None) -> Patterns:
     """``compile.patterns`` of ``rows``: the rows of each (node layout, query-bit pattern),
     read by the layouts the folder's batches held before and ``layouts`` (one more job when
-    a new one appears)."""
+    a new one appears); ``known``: those counts, already known (no job)."""
     from collector.spark.compile import patterns
+    if known is not None:
+        _labels(rows.sparkSession, folder, {n for n, _ in known})
+        return known
     held = patterns(rows, folder.stream, _labels(rows.sparkSession, folder, set(layouts)))
     if any(p is None for _, p in held):
         held = patterns(rows, folder.stream, _labels(
@@ -574,7 +582,7 @@ def compiled(folder: Folder) -> bool:
 
 def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, partitions: int,
                      reuse: bool = True, task_rows: int | None = None,
-                     layouts: Iterable[str] = ()) -> list[dict]:
+                     layouts: Iterable[str] = (), held: Patterns | None = None) -> list[dict]:
     """The answer job of ``answers`` with every answer computed and written by Spark's engine
     (``compile.py``, Spark's Parquet writer): no Python process on the executors. The queries'
     answers go in one job, each query's rows to one writer task (its part is one file),
@@ -611,7 +619,7 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
         tuples = folder.folder == "select"  # a selection folder's tuples, not partial rows
         # the rows of each (node layout, query-bit pattern), by the layouts seen before (one
         # more job when a new one appears)
-        held = {} if tuples else held_patterns(rows, folder, layouts)
+        held = {} if tuples else held_patterns(rows, folder, layouts, held)
         labels = sorted({n for n, _ in held})
         texts = None if tuples else dictionary_frame(rows.sparkSession, folder)
         slots = {q.name: s for s, q in folder.slots}

@@ -24,9 +24,9 @@ from pyspark.sql import functions as F
 from capture.enrich.dictionary import folder_of
 from capture.fields import measures
 from collector.metrics import Metrics
-from collector.pipeline.spool import schema_for, spark_ddl
+from collector.pipeline.spool import footer_patterns, schema_for, spark_ddl
 from collector.spark import sqltext as S
-from collector.spark.compile import rollup
+from collector.spark.compile import Patterns, rollup
 from collector.spark.derive import Folder, answers, compiled, compiled_answers
 from collector.spark.session import one_line, quiet_jvm, register_spool_source
 from collector.spark.write import clear_leftovers, file_rows, sweep_results
@@ -120,10 +120,13 @@ class SparkJob:
             str(folder_of(self.spool_root)))
 
     def _answer(self, rows: DataFrame, stream: str, folder: str, job: str,
-                streamed: bool = True, at_most: int | None = None) -> None:
+                streamed: bool = True, at_most: int | None = None,
+                held: Patterns | None = None) -> None:
         """One Spark job: the answers of ``rows`` (partial rows, or a selection's tuples)
         derived and written by the executors, as each query's part ``part-<job>``; the metrics
-        of what they wrote (a row per query, the only rows the driver reads)."""
+        of what they wrote (a row per query, the only rows the driver reads). ``held``: the
+        rows' (node layout, query-bit pattern) counts when known (a finite spool's footers):
+        no job counts them."""
         warming = self._warming.get((stream, folder))
         if warming is not None and streamed:
             warming.wait(WARM_WAIT_S)  # then its pass and code are ready
@@ -139,12 +142,13 @@ class SparkJob:
                 written = compiled_answers(
                     rows, spec, self.results_root, job, tasks, reuse=streamed,
                     task_rows=self.answer_task_rows,
-                    layouts=self.layouts(stream, folder) if self.layouts is not None else ())
+                    layouts=self.layouts(stream, folder) if self.layouts is not None else (),
+                    held=held)
             else:
                 written = answers(
                     rows, spec, self.results_root, job, tasks, self.answer_task_rows,
                     self.layouts(stream, folder) if self.layouts is not None else (),
-                    reuse=streamed, at_most=at_most)
+                    reuse=streamed, at_most=at_most, held=held)
         finally:
             sc.setJobDescription(None)
         now = time.time()
@@ -327,8 +331,10 @@ class SparkJob:
             t0 = time.perf_counter()
             rows = (self.spark.read.schema(spark_ddl(schema_for(stream, folder)))
                     .parquet(str(path)))
+            files = [f for f in path.glob("*.parquet") if f.name[0] not in "._"]
             self._answer(rows, stream, folder, "replay", streamed=False,
-                         at_most=_rows_in(path.glob("*.parquet")))
+                         at_most=_rows_in(files),
+                         held=None if folder == "select" else footer_patterns(files))
             self.timings["answers_s"] = self.timings.get("answers_s", 0.0) + \
                 time.perf_counter() - t0
             self.metrics.spark_batches.labels(stream, folder).inc()
@@ -523,10 +529,14 @@ def warm_up(spark: SparkSession, answer_engine: str = "python") -> None:
     app = (spark.sparkContext.applicationId, answer_engine)
     if app in _warmed:
         return
+    from planner.slots import slot_mask
     q = parse_single(WARM_UP_SQL, "warm_up")
-    rows = layout_rows(spark, "packets", "60", [KeyLayout("packets", ("src_ip",), 1).label], [0])
+    label = KeyLayout("packets", ("src_ip",), 1).label
+    rows = layout_rows(spark, "packets", "60", [label], [0])
     with tempfile.TemporaryDirectory(prefix="flowsieve-warm-") as d:
         job = SparkJob(spark, Path(d), Path(d) / "results", Path(d) / "ck", lambda: {0: q},
                        answer_engine=answer_engine)
-        job._answer(rows, "packets", "60", "warm")
+        # its row's pattern given, as replay's spool footers give theirs: no job counts it
+        job._answer(rows, "packets", "60", "warm",
+                    held={(label, slot_mask([0], 1).astype("<u8").tobytes()): 1})
     _warmed.add(app)

@@ -10,6 +10,7 @@ import re
 import subprocess
 import time
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from prometheus_client import generate_latest
@@ -26,6 +27,7 @@ from planner.plan import build_plan
 from planner.query import parse_queries
 from tests.pipelines import answers_of, reference, shifted, spread
 from tests.processes import metric
+from tests.reference import fields_of
 
 pytestmark = pytest.mark.slow
 
@@ -338,7 +340,8 @@ def test_a_warm_jvm_is_not_warmed_up_again(spark, monkeypatch):
     monkeypatch.setattr(job_module, "_warmed", set())  # as if no test had warmed it up
     ran = []
     real = SparkJob._answer
-    monkeypatch.setattr(SparkJob, "_answer", lambda self, *a: ran.append(a) or real(self, *a))
+    monkeypatch.setattr(SparkJob, "_answer",
+                        lambda self, *a, **k: ran.append(a) or real(self, *a, **k))
     warm_up(spark)
     warm_up(spark)
     assert len(ran) == 1
@@ -617,3 +620,73 @@ def test_a_dead_answer_job_s_leftovers_are_swept_once_stale(tmp_path):
         os.utime(p, (past, past))
     assert sweep_results(tmp_path) == 2
     assert not old_part.exists() and not old_stage.exists() and new_stage.exists()
+
+
+PORTS = """
+-- name: ports
+SELECT time/60 AS t, dst_port, count(*) AS pkts FROM packets WHERE protocol = 6
+GROUP BY time/60, dst_port;"""
+
+
+def test_replay_learns_its_patterns_from_the_spool_footers(spark, tmp_path, monkeypatch):
+    """Each Parquet spool file of partial rows carries its (node layout, query-bit pattern)
+    counts in its footer: the same as counting the rows' keys one by one and as Spark's
+    counting job. A finite spool's batch answer (``replay``) reads them and runs no such job;
+    a spool with a file of an older probe (no footer counts) is counted by the job. Either
+    way every answer equals dpkt's."""
+    import collections
+
+    import collector.spark.compile as compile_module
+    from collector.keys import KeyLayout, pattern_counts
+    from collector.pipeline.compiled_plan import node_layouts
+    from collector.pipeline.spool import footer_patterns
+    path, recs = spread(tmp_path, "ok.pcap", 0.5)
+    plan, spool = spooled(tmp_path, path, extra=PORTS)  # a second node layout
+    folder = spool.folder("packets", "60")
+    files = sorted(folder.glob("*.parquet"))
+    assert len(files) > 1
+    by_row = collections.Counter()
+    for f in files:
+        t = pq.read_table(f, columns=["node", "key"])
+        for node, key in zip(t.column("node").to_pylist(), t.column("key").to_pylist(),
+                             strict=True):
+            if not node:  # a punctuation row: no node's
+                continue
+            lay = KeyLayout.parse("packets", node)
+            by_row[(node, key[8 * lay.field_words:8 * lay.words])] += 1
+    footers = footer_patterns(files)  # a node's rows a batch each, as the LFTA writes them
+    assert footers == dict(by_row) and len({n for n, _ in footers}) > 1
+    mixed = pa.concat_tables(map(pq.read_table, files)).combine_chunks()  # one batch
+    assert pattern_counts("packets", mixed) == footers
+    labels = node_layouts(plan, "packets", "60")
+    by_spark = compile_module.patterns(spark.read.parquet(*map(str, files)), "packets", labels)
+    assert footers == {(n, bytes(p)): c for (n, p), c in by_spark.items()}
+
+    truth = collections.Counter()  # the second layout's query, from dpkt's fields
+    for ts, buf, _ in recs:
+        p = fields_of(ts, buf, 1)
+        if p["protocol"] == 6:
+            truth[(int(ts) // 60, p["dst_port"])] += 1
+    assert truth
+    slots = {qp.slot: qp.query for qp in plan.queries}
+    counted = []
+    real_patterns = compile_module.patterns
+    monkeypatch.setattr(compile_module, "patterns",
+                        lambda *a, **k: counted.append(a) or real_patterns(*a, **k))
+    for engine, old in (("sql", False), ("python", False), ("sql", True)):
+        if old:  # a file as a probe of an older version wrote it
+            t = pq.read_table(files[0])
+            pq.write_table(t.replace_schema_metadata(None), files[0])
+            assert footer_patterns(files) is None
+        counted.clear()
+        results = tmp_path / f"results-{engine}-{old}"
+        job = SparkJob(spark, spool.root, results, tmp_path / "ck", lambda: slots, 1,
+                       Metrics(), answer_engine=engine,
+                       layouts=lambda st, f: node_layouts(plan, st, f))
+        job.run_batch([("packets", "60")])
+        assert len(counted) == (1 if old else 0), (engine, old)
+        pairs = [(qp.query, read_results(results, qp.query)) for qp in plan.queries]
+        assert answers_of(p for p in pairs if p[0].name != "ports") == reference(recs), \
+            (engine, old)
+        ports = next(t for q, t in pairs if q.name == "ports")
+        assert {(r["t"], r["dst_port"]): r["pkts"] for r in ports.to_pylist()} == truth
