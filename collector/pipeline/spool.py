@@ -94,12 +94,12 @@ def with_patterns(stream: str, table: pa.Table) -> pa.Table:
 def footer_patterns(paths) -> dict[tuple[str, bytes], int] | None:
     """The (node layout, query-bit pattern) counts of the partial rows in Parquet spool
     files, summed from their footers (``with_patterns``); None when a file has none (written
-    by an older probe) or cannot be read."""
+    by an older probe, or a selection's tuples) or cannot be read."""
     import json
     out: dict[tuple[str, bytes], int] = {}
     for path in paths:
         try:
-            meta = pq.read_schema(path).metadata or {}
+            meta = pq.read_metadata(path).metadata or {}
         except (OSError, pa.ArrowException):
             return None
         if PATTERNS_KEY not in meta:
