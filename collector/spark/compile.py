@@ -302,6 +302,15 @@ def answer_frame(merged: DataFrame, query: Query, slot: int, labels: Iterable[st
     out = S.select(merged_keys, *(c.alias(n) for n, c in cols.items()), "window_start")
     for cond in query.having:
         out = S.where(out, S.expr(f"`{cond.column}` {SQL_OPS[cond.op]} {cond.value!r}"))
+    if query.limit is not None:  # the rows LIMIT drops go before their texts are made
+        codes = {o.name for o in query.outputs
+                 if o.kind == "key" and key_field(o.field)[0] in TEXT_FIELDS}
+        lead = _lead(query, {n: S.col(f"`{n}`") for n in cols if n not in codes})
+        if lead:
+            place = S.rank().over(S.Window.partitionBy("window_start").orderBy(
+                *(_sort_term(c, desc) for c, desc in lead)))
+            out = S.where(S.with_column(out, PLACE, place),
+                          S.col(PLACE) <= query.limit).drop(PLACE)
     for o in query.outputs:
         if o.kind != "key":
             continue
@@ -541,6 +550,7 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
     # 4. the outputs' columns, each the CASE of the slots that have it
     columns: dict[str, dict[int, Expr]] = {}
     names: dict[int, dict[str, str]] = {}
+    typed: dict[int, dict[str, Expr]] = {}  # a slot's outputs that are not text to be made
     for s, q in queries:
         mine = dict(numbers[s])
         for o in q.outputs:
@@ -559,10 +569,14 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
             as_ = f.name if seen.setdefault(f.name, kind) == kind else f"{f.name}__{kind}"
             names[s][f.name] = as_
             columns.setdefault(as_, {})[s] = mine[f.name].cast(kind)
+            if f.name in numbers[s]:
+                typed.setdefault(s, {})[f.name] = columns[as_][s]
     outputs = [S.col(SLOT), S.col("window_start"),
                *(_case(by_slot, every).alias(name) for name, by_slot in columns.items())]
     rank, spread_rank = (_ranked_slots(queries, names, ranked, over) for over in
                          ([SLOT], [SLOT, BUCKET]))
+    precut, spread_precut = (_limit_precut(queries, typed, over) for over in
+                             ([SLOT], [SLOT, BUCKET]))
     whole = {s for s, q in queries if q.order or q.limit is not None or s in ranked}
 
     def run(merged: DataFrame, dictionary: DataFrame | None, tasks: int, held: Patterns,
@@ -596,7 +610,10 @@ def shared_pass(queries: list[tuple[int, Query]], labels: Iterable[str], seen: d
         if having is not None:
             rolled = S.where(rolled, having)
         extra = [BUCKET] if spread else []
-        frame = S.select(rolled, *staged, *extra)
+        # the rows LIMIT drops go before their addresses and codes are read and made text
+        frame = (spread_precut if spread else precut)(S.select(
+            rolled, SLOT, "window_start", "_key", *values, *extra))
+        frame = S.select(frame, *staged, *extra)
         for text in texts:
             frame = text(frame)
         for column in coded.values():
@@ -626,7 +643,7 @@ def _ranked_slots(queries: list[tuple[int, Query]], names: dict[int, dict[str, s
     cols = []
     for (_, name, desc), slots in sorted(terms.items(), key=lambda t: t[0][0]):
         c = S.when(S.col(SLOT).isin(slots), S.col(f"`{name}`"))
-        cols.append(c.desc_nulls_last() if desc else c.asc_nulls_last())
+        cols.append(_sort_term(c, desc))
     rank = S.when(S.col(SLOT).isin(list(order)), S.row_number().over(
         S.Window.partitionBy(*over, "window_start").orderBy(*cols)))
     past = None  # a row past its query's LIMIT
@@ -640,6 +657,51 @@ def _ranked_slots(queries: list[tuple[int, Query]], names: dict[int, dict[str, s
     return lambda frame: S.where(S.with_column(frame, RANK, rank), kept)
 
 
+def _limit_precut(queries: list[tuple[int, Query]], typed: dict[int, dict[str, Expr]],
+                  over: list[str]) -> Callable[[DataFrame], DataFrame]:
+    """Before ``shared_pass`` makes its texts (addresses, codes: most of a row's cost), the
+    rows of a query with LIMIT n that cannot be in its window's first n: those after n
+    others by the leading terms of its ORDER BY that are not such texts (``typed``: a slot's
+    outputs by name, as written). A row ``rank()`` puts past n has n rows before it by those
+    terms, which stay before it in the query's whole order (ties broken by the key columns,
+    texts among them): the cut keeps every row ``_ranked_slots`` may keep, in one window
+    function over numbers. A query whose ORDER BY starts with a text is not cut."""
+    terms: dict[tuple[int, str, bool], tuple[Expr, list[int]]] = {}
+    limits: dict[int, int] = {}
+    for s, q in queries:
+        lead = _lead(q, typed.get(s, {})) if q.limit is not None else []
+        if lead:
+            limits[s] = q.limit
+        for i, (c, desc) in enumerate(lead):
+            terms.setdefault((i, str(c), desc), (c, []))[1].append(s)
+    if not limits:
+        return lambda frame: frame
+    cols = []
+    for (_, _, desc), (c, slots) in sorted(terms.items(), key=lambda t: t[0][0]):
+        cols.append(_sort_term(S.when(S.col(SLOT).isin(slots), c), desc))
+    place = S.rank().over(S.Window.partitionBy(*over, "window_start").orderBy(*cols))
+    past = reduce(lambda a, b: a | b, [(S.col(SLOT) == s) & (S.col(PLACE) > n)
+                                       for s, n in limits.items()])
+    kept = ~past
+    return lambda frame: S.where(S.with_column(frame, PLACE, place), kept).drop(PLACE)
+
+
+def _lead(query: Query, typed: dict[str, Expr]) -> list[tuple[Expr, bool]]:
+    """The leading terms of ``query``'s ORDER BY (expression, descending) that are outputs in
+    ``typed``: the others are texts still to be made."""
+    lead = []
+    for c, desc in query.order:
+        if c not in typed:
+            break
+        lead.append((typed[c], desc))
+    return lead
+
+
+def _sort_term(c: Expr, desc: bool) -> Expr:
+    return c.desc_nulls_last() if desc else c.asc_nulls_last()
+
+
+PLACE = "_place"  # a row's place in its window by its query's leading ORDER BY terms
 RANK = "_rank"  # a row's place in its window, in the query's order (ORDER BY queries)
 
 
@@ -734,8 +796,7 @@ def order_columns(query: Query) -> list[Expr]:
     """ORDER BY, then the key columns ascending (rows tied on ORDER BY in one order); NULLs
     last, as Arrow sorts them."""
     by = dict(query.order)
-    out = [S.col(c).desc_nulls_last() if desc else S.col(c).asc_nulls_last()
-           for c, desc in query.order]
+    out = [_sort_term(S.col(c), desc) for c, desc in query.order]
     out += [S.col(c).asc_nulls_last() for c in key_columns(query) if c not in by]
     return out
 

@@ -568,6 +568,14 @@ ANSWER_GROUP_BYTES = 64 << 20
 # or LIMIT over more is spread across tasks (4M groups in one task: its aggregation and
 # sort spilled with a 512 MiB driver)
 ANSWER_TASK_ROWS = 500_000
+# Spark's writer of the answers on a local file system (``file:``) without a checksum file
+# beside each part: Hadoop forks ``chmod`` for every file and directory it creates there (5-7
+# ms each from the JVM), three per query with the ``.crc`` (its directory, its part, the
+# checksum), 155 forks an answer job for the 50 backbone queries (106 without); ``promote``
+# and every reader take the parts alone. A Hadoop setting of this write alone, its own
+# file-system instance (not the cached one of the spool's reads)
+RAW_LOCAL_FILES = {"fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+                   "fs.file.impl.disable.cache": "true"}
 
 
 def compiled(folder: Folder) -> bool:
@@ -693,6 +701,7 @@ def compiled_answers(rows: DataFrame, folder: Folder, root: str, job: str, parti
             f"flowsieve answers {folder.stream}/{folder.folder} (Spark SQL)")
         (out.write.mode("overwrite").partitionBy(QUERY)
          .option("parquet.block.size", str(ANSWER_GROUP_BYTES))
+         .options(**RAW_LOCAL_FILES)
          .option("parquet.block.row.count.limit", str(ANSWER_GROUP_ROWS))
          .parquet(str(stage_dir(root, job))))
     finally:

@@ -237,6 +237,10 @@ def row_number() -> Expr:
     return Expr("row_number()")
 
 
+def rank() -> Expr:
+    return Expr("rank()")
+
+
 def _function(name: str):
     def call(*cols: Any) -> Expr:
         return _call(name, *(_cols(c) for c in cols))
